@@ -1,0 +1,312 @@
+"""LlamaModel: one loaded GGUF with its own context, over llama-cpp-python's low-level API.
+
+The speculative core sees only `decode`, `trim`, `tokens`, `n_vocab`, `n_ctx` and `is_eog`;
+everything ctypes stays in this file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import BackendError, ContextError, ModelFileError
+
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+
+
+def _llama():
+    # Imported lazily so `edgespec --help` and header-only commands never load the shared library.
+    import llama_cpp
+
+    _ensure_backend(llama_cpp)
+    return llama_cpp
+
+
+_backend_ready = False
+_log_callback = None
+_verbose = False
+
+
+def set_verbose(verbose: bool) -> None:
+    """Let llama.cpp's own log through to stderr (off by default: it is noise for users)."""
+    global _verbose
+    _verbose = verbose
+
+
+def _ensure_backend(llama_cpp) -> None:
+    global _backend_ready, _log_callback
+    if _backend_ready:
+        return
+
+    @llama_cpp.llama_log_callback
+    def _log(level, text, _user):  # pragma: no cover - called from C
+        if _verbose and text:
+            os.write(2, text)
+
+    _log_callback = _log  # keep a reference: C holds only the pointer
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    _backend_ready = True
+
+
+@dataclass(frozen=True)
+class LoadParams:
+    n_ctx: int = 4096
+    n_threads: int = 0  # 0: physical cores
+    n_threads_batch: int = 0
+    n_gpu_layers: int = 0
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] | None = None
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_batch: int = 512
+    use_mmap: bool = True
+
+    def __post_init__(self):
+        if self.n_ctx < 16:
+            raise BackendError(f"context size {self.n_ctx} is too small (at least 16)")
+        for name in ("type_k", "type_v"):
+            if getattr(self, name) not in KV_TYPES:
+                raise BackendError(
+                    f"unknown KV cache type {getattr(self, name)!r}; choose one of {', '.join(KV_TYPES)}"
+                )
+
+
+def _default_threads() -> int:
+    try:
+        import psutil
+
+        return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    except Exception:
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaModel:
+    """A model plus one sequence of KV cache whose contents are mirrored in `self.tokens`."""
+
+    def __init__(self, path: str | Path, params: LoadParams = LoadParams()):
+        self.path = Path(path)
+        self.params = params
+        lc = _llama()
+        self._lc = lc
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        self._load_model(lc)
+        self._create_context(lc)
+        self.tokens: list[int] = []
+        self._piece_cache: dict[int, bytes] = {}
+
+    # ---- loading -------------------------------------------------------------------------
+    def _load_model(self, lc) -> None:
+        mp = lc.llama_model_default_params()
+        mp.n_gpu_layers = self.params.n_gpu_layers
+        mp.main_gpu = self.params.main_gpu
+        mp.use_mmap = self.params.use_mmap
+        if self.params.tensor_split:
+            arr = (ctypes.c_float * len(self.params.tensor_split))(*self.params.tensor_split)
+            self._tensor_split = arr  # must outlive the load call
+            mp.tensor_split = arr
+        model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
+        if not model:
+            raise ModelFileError(
+                f"llama.cpp could not load {self.path} (not a supported GGUF, or corrupt); "
+                "run with --verbose for llama.cpp's reason"
+            )
+        self._model = model
+        self._vocab = lc.llama_model_get_vocab(model)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx_train = int(lc.llama_model_n_ctx_train(model))
+        self.n_layers = int(lc.llama_model_n_layer(model))
+        self.bos = int(lc.llama_vocab_bos(self._vocab))
+        self.eos = int(lc.llama_vocab_eos(self._vocab))
+        self.add_bos = bool(lc.llama_vocab_get_add_bos(self._vocab))
+
+    def _create_context(self, lc) -> None:
+        p = self.params
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = p.n_ctx
+        cp.n_batch = p.n_batch
+        cp.n_ubatch = p.n_batch
+        threads = p.n_threads or _default_threads()
+        cp.n_threads = threads
+        cp.n_threads_batch = p.n_threads_batch or threads
+        cp.type_k = KV_TYPES[p.type_k]
+        cp.type_v = KV_TYPES[p.type_v]
+        cp.no_perf = True
+        ctx = lc.llama_init_from_model(self._model, cp)
+        if not ctx:
+            raise BackendError(
+                f"llama.cpp could not create a {p.n_ctx}-token context for {self.path.name} "
+                "(out of memory?); try a smaller --ctx-size or -ctk q8_0"
+            )
+        self._ctx = ctx
+        self.n_ctx = int(lc.llama_n_ctx(ctx))
+        self._mem = lc.llama_get_memory(ctx)
+        self._batch = lc.llama_batch_init(p.n_batch, 0, 1)
+        self._row_bytes = self.n_vocab * 4
+
+    def close(self) -> None:
+        lc = self._lc
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- vocabulary ----------------------------------------------------------------------
+    def tokenize(self, text: str, *, special: bool = False, add_bos: bool = False) -> list[int]:
+        """Special-token parsing is off by default so user text can never become control tokens."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (self._lc.llama_token * cap)()
+        n = self._lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
+        if n < 0:
+            cap = -n
+            buf = (self._lc.llama_token * cap)()
+            n = self._lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos, special)
+        if n < 0:
+            raise BackendError("tokenization failed")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token (a UTF-8 character may span tokens)."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = buf.raw[: max(n, 0)]
+            self._piece_cache[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> str:
+        raw = self._lc.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._lc.llama_vocab_is_eog(self._vocab, token))
+
+    def is_control(self, token: int) -> bool:
+        return bool(self._lc.llama_vocab_is_control(self._vocab, token))
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = self._lc.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
+        if n < 0:
+            return None
+        if n >= 256:
+            buf = ctypes.create_string_buffer(n + 1)
+            self._lc.llama_model_meta_val_str(self._model, key.encode(), buf, n + 1)
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        raw = self._lc.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    # ---- decoding ------------------------------------------------------------------------
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def decode(self, tokens: Sequence[int], logits_for: Sequence[int] = ()) -> np.ndarray:
+        """Append `tokens` to the KV cache; return float32 logits rows for the given indices.
+
+        The rows are a view into llama.cpp's buffer: valid until the next decode on this model.
+        """
+        if not tokens:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextError(
+                f"context full: {self.n_past} + {len(tokens)} tokens exceed the {self.n_ctx}-token "
+                "context; use a larger --ctx-size"
+            )
+        want = set(logits_for)
+        step = self.params.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            self._decode_chunk(chunk, [start + i in want for i in range(len(chunk))])
+            self.tokens.extend(chunk)
+        return self._rows([i for i in logits_for], len(tokens))
+
+    def _decode_chunk(self, chunk: Sequence[int], outputs: list[bool]) -> None:
+        b = self._batch
+        pos0 = self.n_past
+        for i, tok in enumerate(chunk):
+            b.token[i] = tok
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = outputs[i]
+        b.n_tokens = len(chunk)
+        rc = self._lc.llama_decode(self._ctx, b)
+        if rc == 1:
+            raise ContextError(f"no room left in the {self.n_ctx}-token KV cache; use a larger --ctx-size")
+        if rc != 0:
+            raise BackendError(f"llama_decode failed with code {rc}")
+
+    def _rows(self, indices: list[int], n_batch_tokens: int) -> np.ndarray:
+        if not indices:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        # Logits are indexed relative to the last decoded chunk, as llama.cpp sees it.
+        step = self.params.n_batch
+        last_chunk_start = ((n_batch_tokens - 1) // step) * step
+        lc, ctx = self._lc, self._ctx
+        ptrs = []
+        for i in indices:
+            if i < last_chunk_start:
+                raise BackendError("logits requested for a token outside the last decoded chunk")
+            p = lc.llama_get_logits_ith(ctx, i - last_chunk_start)
+            if not p:
+                raise BackendError(f"llama.cpp returned no logits for batch index {i}")
+            ptrs.append(ctypes.cast(p, ctypes.c_void_p).value)
+        contiguous = all(b - a == self._row_bytes for a, b in zip(ptrs, ptrs[1:]))
+        if contiguous:
+            arr = (ctypes.c_float * (self.n_vocab * len(ptrs))).from_address(ptrs[0])
+            return np.ctypeslib.as_array(arr).reshape(len(ptrs), self.n_vocab)
+        return np.stack(
+            [np.ctypeslib.as_array((ctypes.c_float * self.n_vocab).from_address(p)) for p in ptrs]
+        )
+
+    def trim(self, n: int) -> None:
+        """Drop KV cells from position n on."""
+        if n >= self.n_past:
+            return
+        if not self._lc.llama_memory_seq_rm(self._mem, 0, n, -1):
+            # Some caches (recurrent models) cannot drop a suffix: fall back to a full clear.
+            self._lc.llama_memory_clear(self._mem, True)
+            kept = self.tokens[:n]
+            self.tokens = []
+            self.decode(kept)
+            return
+        del self.tokens[n:]
+
+    def reset(self) -> None:
+        self._lc.llama_memory_clear(self._mem, True)
+        self.tokens = []
+
+    def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
+        self._lc.llama_set_n_threads(self._ctx, n_threads, n_threads_batch or n_threads)

@@ -1,0 +1,176 @@
+"""Draft-length control from a cost model.
+
+Per round, speculating K tokens with per-token acceptance alpha yields on average
+E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs K*c + v(K+1) target-pass units,
+where c is the draft cost per token relative to one target token and v(k) = t(k)/t(1)
+is the cost of verifying k tokens in one batch. Plain decoding is E=1 at cost v(1)=1.
+We pick the K that maximises E(K) / (K*c + v(K+1)); K = 0 (no speculation) is a valid answer.
+Pure: no llama_cpp, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Conservative CPU-shaped prior until the profile or live timing says otherwise:
+# verifying k tokens costs about 1 + 0.25 (k - 1) single-token passes on a small CPU.
+PRIOR_VERIFY_SLOPE = 0.25
+
+
+@dataclass
+class CostModel:
+    """Relative costs: v(k) = t(k)/t(1) for a k-token verify batch; c = draft token / target token."""
+
+    verify: dict[int, float] = field(default_factory=dict)
+    draft_cost: float = 0.6
+    slope: float = PRIOR_VERIFY_SLOPE
+
+    def v(self, k: int) -> float:
+        if k <= 1:
+            return 1.0
+        if k in self.verify:
+            return self.verify[k]
+        known = sorted(x for x in self.verify if x > 1)
+        if not known:
+            return 1.0 + self.slope * (k - 1)
+        below = [x for x in known if x < k]
+        above = [x for x in known if x > k]
+        if below and above:
+            a, b = below[-1], above[0]
+            return self.verify[a] + (self.verify[b] - self.verify[a]) * (k - a) / (b - a)
+        # Outside the measured range: extend with the slope of the nearest end (never below 1 + 0.02/token).
+        a = below[-1] if below else above[0]
+        slope = max((self.verify[a] - 1.0) / (a - 1), 0.02)
+        return self.verify[a] + slope * (k - a)
+
+    def to_json(self) -> dict:
+        return {"verify": {str(k): v for k, v in sorted(self.verify.items())}, "draft_cost": self.draft_cost}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CostModel":
+        return cls(
+            verify={int(k): float(v) for k, v in data.get("verify", {}).items()},
+            draft_cost=float(data.get("draft_cost", 0.6)),
+        )
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def speedup(alpha: float, k: int, c: float, cost: CostModel) -> float:
+    """Expected tokens per unit time relative to plain decoding."""
+    if k <= 0:
+        return 1.0
+    return expected_tokens(alpha, k) / (k * c + cost.v(k + 1))
+
+
+@dataclass
+class Acceptance:
+    """Decayed estimate of the per-token acceptance rate from (drafted, accepted) rounds.
+
+    A round that accepts a of d drafted tokens shows a successes and one failure if a < d:
+    the maximum-likelihood estimate of a truncated geometric.
+    """
+
+    prior: float = 0.5
+    weight: float = 2.0  # pseudo-observations behind the prior
+    decay: float = 0.9
+    successes: float = 0.0
+    failures: float = 0.0
+    rounds: int = 0
+
+    @property
+    def alpha(self) -> float:
+        s = self.successes + self.prior * self.weight
+        f = self.failures + (1.0 - self.prior) * self.weight
+        return s / (s + f)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.successes = self.successes * self.decay + accepted
+        self.failures = self.failures * self.decay + (1.0 if accepted < drafted else 0.0)
+        self.rounds += 1
+
+
+@dataclass(frozen=True)
+class Choice:
+    k: int
+    expected_speedup: float
+
+
+class Controller:
+    """Chooses the draft length per drafter key; learns acceptance and (optionally) timing online."""
+
+    def __init__(
+        self,
+        cost: CostModel,
+        *,
+        k_min: int = 1,
+        k_max: int = 16,
+        allow_off: bool = True,
+        learn_timing: bool = True,
+        margin: float = 0.02,
+        priors: dict[str, float] | None = None,
+    ):
+        if not 1 <= k_min <= k_max:
+            raise ValueError(f"need 1 <= draft-min ({k_min}) <= draft-max ({k_max})")
+        self.cost = cost
+        self.k_min, self.k_max = k_min, k_max
+        self.allow_off = allow_off
+        self.learn_timing = learn_timing
+        self.margin = margin
+        self.priors = dict(priors or {})
+        self.acceptance: dict[str, Acceptance] = {}
+        self._t1: float | None = None  # seconds for a 1-token target pass
+        self._tk: dict[int, float] = {}
+        self._draft_t: float | None = None
+
+    def estimate(self, key: str) -> Acceptance:
+        est = self.acceptance.get(key)
+        if est is None:
+            base = key.split("/")[0]
+            est = self.acceptance[key] = Acceptance(prior=self.priors.get(key, self.priors.get(base, 0.5)))
+        return est
+
+    def choose(self, key: str, draft_cost: float, k_cap: int | None = None) -> Choice:
+        alpha = self.estimate(key).alpha
+        hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
+        best = Choice(0, 1.0)
+        # A forced mode with a short proposal still uses what it has.
+        lo = self.k_min if self.allow_off else min(self.k_min, max(hi, 1))
+        for k in range(lo, hi + 1):
+            s = speedup(alpha, k, draft_cost, self.cost)
+            if s > best.expected_speedup or (not self.allow_off and best.k == 0):
+                best = Choice(k, s)
+        if self.allow_off and best.expected_speedup < 1.0 + self.margin:
+            return Choice(0, 1.0)
+        return best
+
+    def observe(self, key: str, drafted: int, accepted: int) -> None:
+        self.estimate(key).observe(drafted, accepted)
+
+    # ---- timing ----------------------------------------------------------------------
+    def observe_verify(self, n_tokens: int, seconds: float) -> None:
+        if not self.learn_timing or seconds <= 0:
+            return
+        if n_tokens == 1:
+            self._t1 = seconds if self._t1 is None else 0.8 * self._t1 + 0.2 * seconds
+            return
+        prev = self._tk.get(n_tokens)
+        self._tk[n_tokens] = seconds if prev is None else 0.8 * prev + 0.2 * seconds
+        if self._t1:
+            self.cost.verify[n_tokens] = max(1.0, self._tk[n_tokens] / self._t1)
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        if not self.learn_timing or n_tokens <= 0 or seconds <= 0:
+            return
+        per = seconds / n_tokens
+        self._draft_t = per if self._draft_t is None else 0.8 * self._draft_t + 0.2 * per
+        if self._t1:
+            self.cost.draft_cost = self._draft_t / self._t1

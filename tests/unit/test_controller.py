@@ -1,0 +1,68 @@
+import pytest
+
+from edgespec.controller import Acceptance, Controller, CostModel, expected_tokens, speedup
+
+CPU = CostModel(verify={2: 1.42, 4: 1.54, 5: 1.97, 8: 2.85}, draft_cost=0.6)
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 5) == pytest.approx(1.0)
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_controller_turns_off_a_costly_draft_model():
+    ctl = Controller(CPU, k_max=16, priors={"draft": 0.8})
+    assert ctl.choose("draft", 0.6).k == 0  # c = 0.6 with these verify costs never pays at alpha 0.8
+
+
+def test_controller_turns_on_a_free_accurate_drafter():
+    ctl = Controller(CPU, k_max=16, priors={"ngram": 0.9})
+    choice = ctl.choose("ngram/3", 0.0)
+    assert choice.k >= 3
+    assert choice.expected_speedup > 1.5
+
+
+def test_controller_off_for_free_but_inaccurate_drafter():
+    ctl = Controller(CPU, k_max=16, priors={"ngram": 0.2})
+    assert ctl.choose("ngram/1", 0.0).k == 0
+
+
+def test_forced_mode_never_off():
+    ctl = Controller(CPU, k_min=2, k_max=6, allow_off=False, priors={"draft": 0.1})
+    assert ctl.choose("draft", 0.9).k == 2
+
+
+def test_learns_acceptance():
+    est = Acceptance(prior=0.5)
+    for _ in range(30):
+        est.observe(4, 4)
+    assert est.alpha > 0.9
+    for _ in range(30):
+        est.observe(4, 0)
+    assert est.alpha < 0.2
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    assert CPU.v(1) == 1.0
+    assert CPU.v(3) == pytest.approx((1.42 + 1.54) / 2)
+    assert CPU.v(10) > CPU.v(8)
+    assert CostModel().v(5) == pytest.approx(2.0)
+
+
+def test_learns_timing():
+    ctl = Controller(CostModel(), learn_timing=True)
+    ctl.observe_verify(1, 0.1)
+    ctl.observe_verify(5, 0.3)
+    assert ctl.cost.v(5) == pytest.approx(3.0)
+    ctl.observe_draft(2, 0.1)
+    assert ctl.cost.draft_cost == pytest.approx(0.5)
+
+
+def test_invalid_bounds():
+    with pytest.raises(ValueError):
+        Controller(CPU, k_min=5, k_max=2)
+
+
+def test_speedup_plain_is_one():
+    assert speedup(0.9, 0, 0.0, CPU) == 1.0
