@@ -1,0 +1,112 @@
+"""Measured profiles on disk: one JSON file per (machine, target, draft), invalidated by upgrades.
+
+A record is {"edgespec_version", "llama_cpp_version", "fingerprint", "created", "target",
+"draft", "hardware", "data", "warnings"}; `data` is what the caller measured, untouched.
+A profile is only worth what the machine and the software it was measured with are worth, so a
+change in either makes it stale. A damaged file is treated as absent, never as an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import edgespec
+from edgespec import paths
+from edgespec.errors import EdgespecError
+from edgespec.hardware import HardwareInfo
+
+
+def profile_path(hw: HardwareInfo, target: str, draft: str | None) -> Path:
+    key = json.dumps([hw.fingerprint(), target, draft]).encode()
+    return paths.profiles_dir() / f"{hashlib.sha256(key).hexdigest()[:16]}.json"
+
+
+def save_profile(data: dict[str, Any], *, hw: HardwareInfo, target_sha_or_name: str,
+                 draft: str | None) -> Path:
+    record = {
+        "edgespec_version": edgespec.__version__,
+        "llama_cpp_version": hw.llama_cpp_version,
+        "fingerprint": hw.fingerprint(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "target": target_sha_or_name,
+        "draft": draft,
+        "hardware": hw.to_json(),
+        "data": data,
+    }
+    path = profile_path(hw, target_sha_or_name, draft)
+    _write_atomic(path, json.dumps(record, indent=2, sort_keys=True))
+    return path
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # Write a sibling temp file and rename it over the old one, so that a crash or a concurrent
+    # reader never sees half a profile.
+    tmp_name = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent,
+                                         prefix=f".{path.stem}.", suffix=".tmp", delete=False) as f:
+            tmp_name = f.name
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except OSError as err:
+        if tmp_name is not None and os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+        raise EdgespecError(
+            f"cannot write profile {path}: {err.strerror or err}; set EDGESPEC_HOME to a writable directory"
+        ) from err
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The record in path, or None when it is missing or damaged."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("data"), dict):
+        return None
+    return record
+
+
+def _is_current(record: dict[str, Any], hw: HardwareInfo, target: str, draft: str | None) -> bool:
+    return (
+        record.get("fingerprint") == hw.fingerprint()
+        and record.get("edgespec_version") == edgespec.__version__
+        and record.get("llama_cpp_version") == hw.llama_cpp_version
+        and record.get("target") == target
+        and record.get("draft") == draft
+    )
+
+
+def load_profile(hw: HardwareInfo, target: str, draft: str | None) -> dict[str, Any] | None:
+    """The current record for this machine and pair; None if absent, damaged or stale."""
+    record = _read(profile_path(hw, target, draft))
+    if record is None or not _is_current(record, hw, target, draft):
+        return None
+    return {**record, "warnings": []}
+
+
+def latest_profile() -> dict[str, Any] | None:
+    """The most recently created readable record (any machine, any pair), for `profile --show`.
+
+    Damaged files are skipped and named in the record's "warnings"."""
+    directory = paths.profiles_dir()
+    if not directory.is_dir():
+        return None
+    best, warnings = None, []
+    for path in sorted(directory.glob("*.json")):
+        record = _read(path)
+        if record is None:
+            warnings.append(f"ignored unreadable profile {path}; measure again to replace it")
+            continue
+        if best is None or str(record.get("created", "")) > str(best.get("created", "")):
+            best = record
+    return None if best is None else {**best, "warnings": warnings}
