@@ -1,0 +1,211 @@
+"""From token events to a stream of text chunks and one final result with stats.
+
+Three layers: `SpeculativeDecoder.generate` yields TokenEvents; `stream` turns them into `Chunk`s
+(valid UTF-8 text, stop strings honoured) ending with a `Final`; `complete` joins a stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Iterator, Sequence
+
+from .speculative import LoopStats, TokenEvent
+
+
+@dataclass(frozen=True)
+class Chunk:
+    text: str
+    sources: tuple[str, ...]  # drafter of each token behind this text: "target" | "draft" | "ngram"
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    mode: str
+    prompt_tokens: int
+    prompt_cached: int
+    prompt_ms: float
+    tokens: int
+    rounds: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float
+    accepted_hist: dict[int, int]
+    mean_accepted_per_pass: float  # tokens emitted per target pass (1.0 = plain decoding)
+    draft_ms: float
+    verify_ms: float
+    gen_s: float
+    tokens_per_s: float
+    ttft_ms: float
+    latency_p50_ms: float
+    latency_p95_ms: float
+    k_history: list[int] = field(default_factory=list)
+    tokens_by_source: dict[str, int] = field(default_factory=dict)
+    finish_reason: str | None = None
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["accepted_hist"] = {str(k): v for k, v in sorted(self.accepted_hist.items())}
+        return data
+
+
+@dataclass(frozen=True)
+class Final:
+    text: str
+    finish_reason: str  # "stop" (EOS or stop string) | "length" | "interrupted"
+    stats: GenerationStats
+    tokens: tuple[int, ...] = ()
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(st: LoopStats, mode: str, n_tokens: int, finish_reason: str | None) -> GenerationStats:
+    rounds = st.rounds
+    drafted = sum(r.drafted for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    first = st.token_times[0] if st.token_times else None
+    end = st.token_times[-1] if st.token_times else time.perf_counter()
+    gen_start = st.start + st.prompt_s
+    gen_s = max(end - gen_start, 1e-9)
+    # Tokens accepted together arrive together: spread each round's time over its tokens.
+    latencies = []
+    prev = gen_start
+    for t in st.token_times:
+        latencies.append((t - prev) * 1000)
+        prev = t
+    per_token: list[float] = []
+    i = 0
+    for r in rounds:
+        n = r.accepted + 1
+        chunk = latencies[i : i + n]
+        if chunk:
+            per_token.extend([sum(chunk) / len(chunk)] * len(chunk))
+        i += n
+    return GenerationStats(
+        mode=mode,
+        prompt_tokens=st.prompt_tokens,
+        prompt_cached=st.prompt_cached,
+        prompt_ms=st.prompt_s * 1000,
+        tokens=n_tokens,
+        rounds=len(rounds),
+        drafted=drafted,
+        accepted=accepted,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        accepted_hist=dict(Counter(r.accepted for r in rounds if r.drafted)),
+        mean_accepted_per_pass=n_tokens / len(rounds) if rounds else 0.0,
+        draft_ms=sum(r.draft_s for r in rounds) * 1000,
+        verify_ms=sum(r.verify_s for r in rounds) * 1000,
+        gen_s=gen_s,
+        tokens_per_s=n_tokens / gen_s if n_tokens else 0.0,
+        ttft_ms=((first - st.start) * 1000) if first else 0.0,
+        latency_p50_ms=_percentile(per_token, 0.5),
+        latency_p95_ms=_percentile(per_token, 0.95),
+        k_history=[r.k for r in rounds],
+        tokens_by_source=dict(Counter(st.sources)),
+        finish_reason=finish_reason,
+    )
+
+
+class _Utf8:
+    """Incremental decoder: emits only complete characters; a character may span tokens."""
+
+    def __init__(self):
+        self.pending = b""
+
+    def feed(self, data: bytes) -> str:
+        self.pending += data
+        for cut in range(len(self.pending), max(len(self.pending) - 4, -1), -1):
+            try:
+                text = self.pending[:cut].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            self.pending = self.pending[cut:]
+            return text
+        # Not a truncated character but invalid bytes: let them through as replacement chars.
+        text = self.pending.decode("utf-8", errors="replace")
+        self.pending = b""
+        return text
+
+    def flush(self) -> str:
+        text = self.pending.decode("utf-8", errors="replace")
+        self.pending = b""
+        return text
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters could still be the start of a stop string."""
+    hold = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                hold = max(hold, n)
+                break
+    return hold
+
+
+def stream(
+    events: Iterable[TokenEvent],
+    token_bytes: Callable[[int], bytes],
+    stats: Callable[[], LoopStats],
+    *,
+    mode: str,
+    stop: Sequence[str] = (),
+) -> Iterator[Chunk | Final]:
+    """Text chunks as tokens are accepted, then one Final. Closing the stream stops generation."""
+    stops = [s for s in stop if s]
+    utf8 = _Utf8()
+    text = ""  # everything emitted so far
+    pending = ""  # decoded but held back (possible stop-string prefix)
+    pending_src: list[str] = []
+    tokens: list[int] = []
+    finish = None
+    it = iter(events)
+    try:
+        for ev in it:
+            tokens.append(ev.token)
+            pending += utf8.feed(token_bytes(ev.token))
+            pending_src.append(ev.source)
+            hit = min((i for i in (pending.find(s) for s in stops) if i >= 0), default=-1)
+            if hit >= 0:
+                pending = pending[:hit]
+                finish = "stop"
+                break
+            keep = _held_back(pending, stops)
+            out, pending = pending[: len(pending) - keep], pending[len(pending) - keep :]
+            if out:
+                text += out
+                yield Chunk(out, tuple(pending_src))
+                pending_src = []
+    except KeyboardInterrupt:
+        finish = "interrupted"
+    finally:
+        close = getattr(it, "close", None)
+        if close:
+            close()  # lets the decoder settle its KV caches
+    loop = stats()
+    if finish is None:
+        finish = loop.finish_reason or "stop"
+        pending += utf8.flush()
+    if pending:
+        text += pending
+        yield Chunk(pending, tuple(pending_src))
+    yield Final(text, finish, summarize(loop, mode, len(tokens), finish), tuple(tokens))
+
+
+def complete(chunks: Iterable[Chunk | Final]) -> Final:
+    """Drain a stream; return its Final."""
+    final = None
+    for item in chunks:
+        if isinstance(item, Final):
+            final = item
+    assert final is not None, "a stream always ends with a Final"
+    return final
