@@ -1,0 +1,202 @@
+"""Rendering for prompt, models, doctor and profile output."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+from rich.text import Text
+
+from ..generate import GenerationStats
+from . import SOURCE_STYLES, human_bytes
+
+
+def footer(stats: GenerationStats) -> str:
+    """One line: speed, acceptance, mean accepted length, who drafted."""
+    used = ", ".join(f"{k} {v}" for k, v in sorted(stats.tokens_by_source.items()) if k != "target") or "none"
+    acc = f"{stats.acceptance_rate:.0%}" if stats.drafted else "-"
+    return (
+        f"{stats.tokens} tokens, {stats.tokens_per_s:.1f} tok/s | spec {stats.mode} | accepted {stats.accepted}/{stats.drafted} ({acc}) | "
+        f"{stats.mean_accepted_per_pass:.2f} tokens/pass | drafted tokens used: {used} | "
+        f"prompt {stats.prompt_tokens} ({stats.prompt_cached} cached) in {stats.prompt_ms:.0f} ms | {stats.finish_reason}"
+    )
+
+
+def stats_table(stats: GenerationStats, title: str = "generation stats") -> Table:
+    t = Table(title=title, show_header=False, box=None)
+    t.add_column(style="bold")
+    t.add_column()
+    rows = [
+        ("mode", stats.mode),
+        ("tokens", str(stats.tokens)),
+        ("speed", f"{stats.tokens_per_s:.2f} tok/s"),
+        ("time to first token", f"{stats.ttft_ms:.0f} ms"),
+        ("latency p50 / p95", f"{stats.latency_p50_ms:.1f} / {stats.latency_p95_ms:.1f} ms"),
+        ("prompt", f"{stats.prompt_tokens} tokens, {stats.prompt_cached} reused from cache, {stats.prompt_ms:.0f} ms"),
+        ("target passes", str(stats.rounds)),
+        ("tokens per pass", f"{stats.mean_accepted_per_pass:.2f}"),
+        ("drafted / accepted", f"{stats.drafted} / {stats.accepted} ({stats.acceptance_rate:.0%})"),
+        ("accepted-length histogram", " ".join(f"{k}:{v}" for k, v in sorted(stats.accepted_hist.items())) or "-"),
+        ("draft / verify time", f"{stats.draft_ms:.0f} / {stats.verify_ms:.0f} ms"),
+        ("tokens by source", ", ".join(f"{k} {v}" for k, v in sorted(stats.tokens_by_source.items())) or "-"),
+        ("finish", str(stats.finish_reason)),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def styled(text: str, sources: Iterable[str], show_drafts: bool) -> Text:
+    """Colour text by who produced it: accepted draft tokens green, n-gram cyan, target plain."""
+    if not show_drafts:
+        return Text(text)
+    srcs = set(sources)
+    style = ""
+    for name in ("draft", "ngram"):
+        if name in srcs:
+            style = SOURCE_STYLES[name]
+    return Text(text, style=style)
+
+
+def models_table(rows) -> Table:
+    t = Table(title="models (models.toml)")
+    for col in ("name", "size", "cached", "sources"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.name, human_bytes(r.size), "[green]yes[/]" if r.cached else "no", ", ".join(r.sources))
+    return t
+
+
+def plan_table(plan) -> Table:
+    t = Table(title=f"offload plan (context {plan.n_ctx}, KV {plan.type_k}/{plan.type_v})")
+    for col in ("model", "GPU layers", "GPU bytes", "CPU bytes", "KV bytes", "threads"):
+        t.add_column(col)
+    for place in (plan.target, plan.draft):
+        if place is None:
+            continue
+        gpu = ", ".join(f"{k}: {human_bytes(v)}" for k, v in place.gpu_bytes.items()) or "-"
+        t.add_row(place.model, str(place.n_gpu_layers), gpu, human_bytes(place.cpu_bytes), human_bytes(place.kv_bytes), str(place.threads))
+    return t
+
+
+def devices_table(plan) -> Table:
+    t = Table(title="devices")
+    for col in ("device", "total", "used by plan", "headroom"):
+        t.add_column(col)
+    for d in plan.devices:
+        t.add_row(d.label, human_bytes(d.total), human_bytes(d.used), human_bytes(d.headroom))
+    return t
+
+
+def hardware_table(hw) -> Table:
+    t = Table(title="hardware", show_header=False, box=None)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("os", hw.os)
+    t.add_row("cpu", f"{hw.cpu_model} ({hw.physical_cores} cores / {hw.logical_cores} threads)")
+    t.add_row("cpu features", " ".join(hw.cpu_features) or "-")
+    t.add_row("ram", f"{human_bytes(hw.ram_total)} total, {human_bytes(hw.ram_available)} available, swap {human_bytes(hw.swap_total)}")
+    gpus = "; ".join(f"{g.label} {g.name} {human_bytes(g.free_bytes)} free / {human_bytes(g.total_bytes)}" for g in hw.gpus)
+    t.add_row("gpus", gpus or "none")
+    t.add_row("gpu offload in this build", "yes" if hw.gpu_offload_supported else "no")
+    t.add_row("rpc in this build", "yes" if hw.rpc_supported else "no")
+    t.add_row("llama-cpp-python", hw.llama_cpp_version or "-")
+    return t
+
+
+def measurement_tables(m: dict[str, Any]) -> list[Table]:
+    timing = Table(title="measured target batch cost t(k)")
+    timing.add_column("k", justify="right")
+    timing.add_column("ms", justify="right")
+    timing.add_column("v(k) = t(k)/t(1)", justify="right")
+    t1 = m["target_ms"]["1"]
+    for k, ms in m["target_ms"].items():
+        timing.add_row(k, f"{ms:.1f}", f"{ms / t1:.2f}")
+    tables = [timing]
+    summary = Table(show_header=False, box=None, title="drafters")
+    summary.add_column(style="bold")
+    summary.add_column()
+    if m.get("draft_ms") is not None:
+        summary.add_row("draft t(1)", f"{m['draft_ms']:.1f} ms (cost ratio c = {m['cost']['draft_cost']:.2f})")
+    if m.get("draft_alpha") is not None:
+        summary.add_row("draft acceptance (sample)", f"{m['draft_alpha']:.2f}")
+    summary.add_row("n-gram lookup", f"{m['ngram_us']:.0f} µs per proposal")
+    v = m.get("verdicts", {})
+    if "draft_model_pays" in v:
+        verdict = (
+            f"[green]pays[/]: K={v['draft_model_best_k']}, expected {v['draft_model_expected_speedup']:.2f}x"
+            if v["draft_model_pays"]
+            else "[yellow]does not pay on this machine[/] at the measured acceptance: auto mode keeps it off and uses n-gram drafting"
+        )
+        summary.add_row("draft model verdict", verdict)
+    tables.append(summary)
+    exp = Table(title="expected speedup (best K) by acceptance rate")
+    exp.add_column("drafter")
+    alphas = sorted({a for rows in (v.get("ngram", {}), v.get("draft", {})) for a in rows}, key=float)
+    for a in alphas:
+        exp.add_column(f"α={a}", justify="right")
+    for name in ("ngram", "draft"):
+        rows = v.get(name)
+        if rows:
+            exp.add_row(name, *[f"{rows[a]['speedup']:.2f}x (K={rows[a]['k']})" if a in rows else "-" for a in alphas])
+    tables.append(exp)
+    return tables
+
+
+def doctor_model_table(path, info) -> Table:
+    t = Table(title=str(path), show_header=False, box=None)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("architecture", info.architecture)
+    t.add_row("name", info.name or "-")
+    t.add_row("quantization", info.quant)
+    t.add_row("size", f"{human_bytes(info.file_size)} ({info.n_params / 1e9:.2f} B params)")
+    t.add_row("layers", str(info.n_layers))
+    t.add_row("context (trained)", str(info.n_ctx_train))
+    vocab = info.vocab
+    t.add_row("vocabulary", f"{vocab.model}, {vocab.n_tokens} tokens, bos {vocab.bos_id}, eos {vocab.eos_id}" if vocab else "-")
+    t.add_row("chat template", "yes" if info.chat_template else "no (ChatML is used)")
+    return t
+
+
+class RichProgress:
+    """The models.Progress protocol on a Rich progress bar (stderr)."""
+
+    def __init__(self, console: Console | None = None):
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self._task = None
+
+    def start(self, task: str, total: int | None) -> None:
+        if self._task is None:
+            self._progress.start()
+        else:
+            self._progress.remove_task(self._task)
+        self._task = self._progress.add_task(task, total=total)
+
+    def advance(self, n: int) -> None:
+        if self._task is not None:
+            self._progress.advance(self._task, n)
+
+    def done(self) -> None:
+        if self._task is not None:
+            self._progress.remove_task(self._task)
+            self._task = None
+        self._progress.stop()
+
+
+class StepProgress(RichProgress):
+    """Same protocol for counted steps (profile measurement) rather than bytes."""
+
+    def __init__(self, console: Console | None = None):
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), console=console, transient=True)
+        self._task = None

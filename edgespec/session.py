@@ -1,0 +1,113 @@
+"""From what the user asked for to a loaded Engine: pick models, resolve them, plan, load.
+
+Precedence: flags/env (already merged by click) > the saved profile's models > models.toml's
+default pair. The saved profile also supplies the measured cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import models, profile_store
+from .backend.model import LoadParams
+from .config import LoadConfig, SpecConfig
+from .controller import CostModel
+from .engine import Engine, EngineConfig
+from .errors import InputError
+from .gguf import read_gguf
+from .hardware import HardwareInfo, detect
+from .plan import ModelPlacement, ModelShape, Plan, make_plan
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    target: str
+    draft: str | None
+
+
+def choose_models(model: str | None, model_draft: str | None, pair: str | None, spec: SpecConfig) -> ModelChoice:
+    if pair and model:
+        raise InputError("give either --pair or -m/--model, not both")
+    if pair:
+        target, draft = models.load_registry().pair(pair)
+        choice = ModelChoice(target.name, draft.name)
+    elif model:
+        choice = ModelChoice(model, model_draft)
+    else:
+        saved = profile_store.latest_profile()
+        refs = (saved or {}).get("data", {}).get("models") or {}
+        if refs.get("target"):
+            choice = ModelChoice(refs["target"], model_draft or refs.get("draft"))
+        else:
+            target, draft = models.load_registry().pair(None)
+            choice = ModelChoice(target.name, model_draft or draft.name)
+    if not spec.uses_draft_model:
+        return ModelChoice(choice.target, None)  # n-gram and plain need no second model
+    return choice
+
+
+def profile_key(path: Path) -> str:
+    return path.name
+
+
+@dataclass(frozen=True)
+class Resolved:
+    choice: ModelChoice
+    target_path: Path
+    draft_path: Path | None
+    hardware: HardwareInfo
+    plan: Plan
+    cost: CostModel | None
+    profile: dict | None
+
+
+def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: HardwareInfo | None = None) -> Resolved:
+    choice = ModelChoice(load.target, load.draft if spec.uses_draft_model else None)
+    target_path = models.resolve(choice.target, progress=progress)
+    draft_path = models.resolve(choice.draft, progress=progress) if choice.draft else None
+    hw = hardware or detect()
+    plan = make_plan(
+        hw,
+        ModelShape.from_gguf(read_gguf(target_path)),
+        ModelShape.from_gguf(read_gguf(draft_path)) if draft_path else None,
+        n_ctx=load.n_ctx,
+        type_k=load.type_k,
+        type_v=load.type_v,
+        n_gpu_layers=load.n_gpu_layers,
+        n_gpu_layers_draft=load.n_gpu_layers_draft,
+        threads=load.threads,
+        threads_draft=load.threads_draft,
+    )
+    saved = profile_store.load_profile(hw, profile_key(target_path), profile_key(draft_path) if draft_path else None)
+    if saved is None and draft_path is not None:
+        # A profile measured without the draft still knows the target's verify costs.
+        saved = profile_store.load_profile(hw, profile_key(target_path), None)
+    cost = CostModel.from_json(saved["data"]["cost"]) if saved and "cost" in saved.get("data", {}) else None
+    return Resolved(choice, target_path, draft_path, hw, plan, cost, saved)
+
+
+def load_params(place: ModelPlacement, plan: Plan) -> LoadParams:
+    return LoadParams(
+        n_ctx=plan.n_ctx,
+        n_threads=place.threads,
+        n_gpu_layers=place.n_gpu_layers,
+        main_gpu=place.main_gpu,
+        tensor_split=place.tensor_split,
+        type_k=plan.type_k,
+        type_v=plan.type_v,
+        n_batch=plan.n_batch,
+    )
+
+
+def open_engine(resolved: Resolved, spec: SpecConfig) -> Engine:
+    plan = resolved.plan
+    config = EngineConfig(
+        target_path=resolved.target_path,
+        target_params=load_params(plan.target, plan),
+        draft_path=resolved.draft_path,
+        draft_params=load_params(plan.draft, plan) if plan.draft and resolved.draft_path else None,
+        spec=spec,
+        cost=resolved.cost,
+    )
+    return Engine(config)
