@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -226,7 +226,7 @@ def models_list(as_json):
 
     rows = registry.list_models(registry.load_registry())
     if as_json:
-        click.echo(json.dumps([{"name": r.name, "size": r.size, "cached": r.cached, "sources": list(r.sources)} for r in rows]))
+        click.echo(json.dumps([dataclasses.asdict(r) for r in rows]))
         return
     stdout_console().print(models_table(rows))
 

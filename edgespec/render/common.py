@@ -62,10 +62,10 @@ def styled(text: str, sources: Iterable[str], show_drafts: bool) -> Text:
 
 def models_table(rows) -> Table:
     t = Table(title="models (models.toml)")
-    for col in ("name", "size", "cached", "sources"):
+    for col in ("name", "family", "params", "quant", "size", "cached", "sources"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r.name, human_bytes(r.size), "[green]yes[/]" if r.cached else "no", ", ".join(r.sources))
+        t.add_row(r.name, r.family, r.params, r.quant, human_bytes(r.size), "[green]yes[/]" if r.cached else "no", r.sources)
     return t
 
 

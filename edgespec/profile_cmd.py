@@ -1,0 +1,117 @@
+"""`edgespec profile`: detect, plan, measure, persist. Kept out of cli.py to keep that file about parsing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import click
+
+from . import profile_store
+from .config import SpecConfig
+from .errors import ConfigError, InputError
+
+_HOSTPORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+
+
+def parse_rpc(rpc: str | None) -> list[str]:
+    """Validate --rpc; refuse clearly when this llama.cpp build cannot use it."""
+    if not rpc:
+        return []
+    from .backend import devices
+
+    servers = [s.strip() for s in rpc.split(",") if s.strip()]
+    bad = [s for s in servers if not _HOSTPORT.match(s)]
+    if bad or not servers:
+        raise ConfigError(f"--rpc takes host:port[,host:port...] (bad: {', '.join(bad) or rpc!r})")
+    if not devices.supports_rpc():
+        raise InputError("this llama.cpp build has no RPC support; rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_RPC=ON to use --rpc")
+    return servers
+
+
+def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, rpc: str | None, spec: SpecConfig) -> None:
+    from .render import stdout_console
+    from .render.common import devices_table, hardware_table, measurement_tables, plan_table
+
+    out = stdout_console()
+    if show:
+        saved = profile_store.latest_profile()
+        if saved is None:
+            raise InputError("no saved profile yet: run `edgespec profile`")
+        if as_json:
+            click.echo(json.dumps(saved))
+            return
+        _render_saved(out, saved)
+        return
+    servers = parse_rpc(rpc)
+    resolved, plan = _plan(kw, spec)
+    hw = resolved.hardware
+    result = {"hardware": hw.to_json(), "plan": plan.to_json(), "rpc": servers}
+    if not as_json:
+        out.print(hardware_table(hw))
+        out.print(plan_table(plan))
+        out.print(devices_table(plan))
+        for w in plan.warnings:
+            out.print(f"[yellow]warning:[/] {w}")
+    data = {"models": {"target": resolved.choice.target, "draft": resolved.choice.draft}, "plan": plan.to_json()}
+    if measure:
+        m = _measure(resolved, plan, quiet=as_json)
+        data["cost"] = m["cost"]
+        data["measurement"] = m
+        result["measurement"] = m
+        if not as_json:
+            for table in measurement_tables(m):
+                out.print(table)
+    from .session import profile_key
+
+    path = profile_store.save_profile(
+        data, hw=hw, target_sha_or_name=profile_key(resolved.target_path),
+        draft=profile_key(resolved.draft_path) if resolved.draft_path else None,
+    )
+    result["profile_path"] = str(path)
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        out.print(f"saved profile: {path}")
+
+
+def _plan(kw: dict, spec: SpecConfig):
+    from .cli import load_config
+    from .render import stderr_console
+    from .render.common import RichProgress
+    from .session import resolve
+
+    # Profiling always considers the draft model, whatever --spec says, so the verdict is measured.
+    spec_for_models = SpecConfig(mode="draft") if spec.mode in ("off", "ngram") else spec
+    resolved = resolve(load_config(kw, spec_for_models), spec_for_models, progress=RichProgress(stderr_console()))
+    return resolved, resolved.plan
+
+
+def _measure(resolved, plan, *, quiet: bool) -> dict:
+    from .measure import measure
+    from .models import NullProgress
+    from .render import stderr_console
+    from .render.common import StepProgress
+
+    progress = NullProgress() if quiet else StepProgress(stderr_console())
+    m = measure(resolved.target_path, resolved.draft_path, plan, progress=progress)
+    return m.to_json()
+
+
+def _render_saved(out, saved: dict) -> None:
+    from .hardware import HardwareInfo
+    from .plan import Plan
+    from .render.common import hardware_table, measurement_tables, plan_table
+
+    out.print(f"profile created {saved.get('created')} (edgespec {saved.get('edgespec_version')}, llama-cpp-python {saved.get('llama_cpp_version')})")
+    out.print(f"target {saved.get('target')}, draft {saved.get('draft')}")
+    if saved.get("hardware"):
+        out.print(hardware_table(HardwareInfo.from_json(saved["hardware"])))
+    data = saved.get("data", {})
+    if data.get("plan"):
+        out.print(plan_table(Plan.from_json(data["plan"])))
+    if data.get("measurement"):
+        for table in measurement_tables(data["measurement"]):
+            out.print(table)
+    for w in saved.get("warnings", []):
+        out.print(f"[yellow]warning:[/] {w}")

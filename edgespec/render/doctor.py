@@ -1,0 +1,25 @@
+"""Rendering for `edgespec doctor`."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from .common import doctor_model_table
+
+
+def _mark(ok: bool) -> str:
+    return "[green]ok[/]" if ok else "[red]problem[/]"
+
+
+def render_doctor(console: Console, report) -> None:
+    for m in report.models:
+        if m.info is None:
+            console.print(f"[red]{m.ref}[/]: {m.error}")
+        else:
+            console.print(doctor_model_table(m.path, m.info))
+    if report.pair is not None:
+        console.print(f"pair: {_mark(report.pair[0])} {report.pair[1]}")
+    if report.fit is not None:
+        console.print(f"fit on this machine: {_mark(report.fit[0])} {report.fit[1]}")
+    for ok, detail in report.build:
+        console.print(f"build: {_mark(ok)} {detail}")
