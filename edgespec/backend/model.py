@@ -30,6 +30,11 @@ def _llama():
 _backend_ready = False
 _log_callback = None
 _verbose = False
+# Greedy speculative output must equal plain decoding token for token, so a row's logits must not
+# depend on how many rows share its batch. On CPU two ggml paths break that: weight repacking
+# (a 4-row GEMM kernel) and the tiled K-quant matmul (batches of 8+). Both are turned off unless
+# EDGESPEC_FAST_KERNELS=1 asks for speed over exactness.
+_batch_invariant_kernels = os.environ.get("EDGESPEC_FAST_KERNELS", "0") != "1"
 
 
 def set_verbose(verbose: bool) -> None:
@@ -49,6 +54,9 @@ def _ensure_backend(llama_cpp) -> None:
             os.write(2, text)
 
     _log_callback = _log  # keep a reference: C holds only the pointer
+    if _batch_invariant_kernels:
+        # ggml reads this once, at the first matrix product: set it before any decode.
+        os.environ.setdefault("GGML_CPU_TILED_MM", "0")
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
     _backend_ready = True
@@ -66,6 +74,8 @@ class LoadParams:
     type_v: str = "f16"
     n_batch: int = 512
     use_mmap: bool = True
+    repack: bool = not _batch_invariant_kernels
+    flash_attn: int = -1  # -1 auto, 0 off, 1 on
 
     def __post_init__(self):
         if self.n_ctx < 16:
@@ -108,6 +118,7 @@ class LlamaModel:
         mp.n_gpu_layers = self.params.n_gpu_layers
         mp.main_gpu = self.params.main_gpu
         mp.use_mmap = self.params.use_mmap
+        mp.use_extra_bufts = self.params.repack
         if self.params.tensor_split:
             arr = (ctypes.c_float * len(self.params.tensor_split))(*self.params.tensor_split)
             self._tensor_split = arr  # must outlive the load call
@@ -139,6 +150,7 @@ class LlamaModel:
         cp.type_k = KV_TYPES[p.type_k]
         cp.type_v = KV_TYPES[p.type_v]
         cp.no_perf = True
+        cp.flash_attn_type = p.flash_attn
         ctx = lc.llama_init_from_model(self._model, cp)
         if not ctx:
             raise BackendError(
@@ -246,10 +258,17 @@ class LlamaModel:
             )
         want = set(logits_for)
         step = self.params.n_batch
-        for start in range(0, len(tokens), step):
-            chunk = tokens[start : start + step]
-            self._decode_chunk(chunk, [start + i in want for i in range(len(chunk))])
-            self.tokens.extend(chunk)
+        base = self.n_past
+        try:
+            for start in range(0, len(tokens), step):
+                chunk = tokens[start : start + step]
+                self._decode_chunk(chunk, [start + i in want for i in range(len(chunk))])
+                self.tokens.extend(chunk)
+        except BaseException:
+            # Ctrl-C can land between llama_decode returning and the bookkeeping above:
+            # ask llama.cpp what the cache really holds so the mirror never lies.
+            self._resync(self.tokens[:base] + list(tokens))
+            raise
         return self._rows([i for i in logits_for], len(tokens))
 
     def _decode_chunk(self, chunk: Sequence[int], outputs: list[bool]) -> None:
@@ -290,6 +309,13 @@ class LlamaModel:
         return np.stack(
             [np.ctypeslib.as_array((ctypes.c_float * self.n_vocab).from_address(p)) for p in ptrs]
         )
+
+    def _resync(self, known: list[int]) -> None:
+        held = int(self._lc.llama_memory_seq_pos_max(self._mem, 0)) + 1
+        if held > len(known):  # cannot happen unless another writer touched the cache
+            self._lc.llama_memory_seq_rm(self._mem, 0, len(known), -1)
+            held = len(known)
+        self.tokens = known[:held]
 
     def trim(self, n: int) -> None:
         """Drop KV cells from position n on."""
