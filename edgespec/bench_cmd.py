@@ -1,0 +1,102 @@
+"""`edgespec bench`: plain vs speculative decoding on a prompt set, in one process."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .cli import CONTEXT, cli, model_options, open_engine, spec_config
+
+
+@cli.command(context_settings=CONTEXT)
+@model_options
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, path_type=Path),
+              help='JSONL prompt set: {"id", "category", "prompt", optional "system", "max_tokens"} per line. Default: the built-in set.')
+@click.option("--modes", default=",".join(("off", "draft", "ngram", "combined", "auto")), show_default=True,
+              help="Comma-separated modes; off (the baseline) always runs. Modes needing a draft model are skipped without one.")
+@click.option("--category", "categories", multiple=True, help="Only prompts of this category (repeatable, or comma-separated).")
+@click.option("-n", "--max-tokens", type=int, help="Cap on generated tokens per prompt (default: each prompt's max_tokens, else 128).")
+@click.option("--repeats", type=int, default=1, show_default=True, help="Runs per prompt and mode; the median is reported.")
+@click.option("--verify", is_flag=True, help="Check that every mode's greedy output equals plain decoding; exit 1 if not.")
+@click.option("--temperature", "--temp", type=float, default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--seed", type=int, help="Seed for sampling (temperature > 0).")
+@click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up generation.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("-q", "--quiet", is_flag=True, help="No per-run progress on stderr.")
+def bench(prompts_file, modes, categories, max_tokens, repeats, verify, temperature, seed, no_warmup, as_json, quiet, **kw):
+    """Baseline vs speculative decoding: tok/s, speedup, acceptance, tokens per pass, TTFT, latency.
+
+    Every run starts from empty KV caches with a fresh controller; tok/s counts generation only.
+
+    \b
+    edgespec bench                                   # built-in set, all modes
+    edgespec bench --modes off,ngram,auto --verify -t 2
+    edgespec bench --prompts mine.jsonl --repeats 3 --json
+    """
+    from . import bench as lib
+    from .config import SpecConfig
+    from .errors import InputError
+    from .render import stderr_console, stdout_console
+    from .render.bench import progress_line, render_results
+    from .sampling import SamplingConfig
+
+    mode_list = lib.parse_modes(modes)
+    prompts = lib.filter_categories(lib.load_prompts(prompts_file), lib.split_list(categories))
+    if repeats < 1:
+        raise InputError(f"--repeats must be >= 1 (got {repeats})")
+    if max_tokens is not None and max_tokens < 1:
+        raise InputError(f"--max-tokens must be >= 1 (got {max_tokens})")
+    sampling = SamplingConfig(temperature=temperature, seed=seed)
+    # Load the draft model only when some requested mode can use it.
+    kw["spec_mode"] = "auto" if any(m in lib.DRAFT_MODEL_MODES for m in mode_list) else "off"
+    spec: SpecConfig = spec_config(kw)
+    resolved, engine = open_engine(kw, spec, quiet=as_json)
+    err, out = stderr_console(), stdout_console()
+
+    def on_progress(p):
+        if quiet:
+            return
+        if p.phase == "warmup":
+            if p.index == 1:
+                err.print("warming up...", style="dim")
+            return
+        if p.phase == "verify" and p.run is None:
+            err.print(f"verify (greedy) {p.index}/{p.total}: {p.prompt_id} {p.mode}", style="dim")
+            return
+        line = progress_line(p)
+        if line:
+            err.print(line, style="dim")
+
+    with engine:
+        result = lib.run_bench(engine, prompts, mode_list, sampling, repeats=repeats, max_tokens=max_tokens,
+                               verify=verify, warmup=not no_warmup, on_progress=on_progress)
+        plan = resolved.plan
+        result.config = {
+            "target": resolved.target_path.name,
+            "draft": resolved.draft_path.name if engine.draft is not None and resolved.draft_path else None,
+            "threads": plan.target.threads,
+            "threads_draft": plan.draft.threads if plan.draft and engine.draft is not None else None,
+            "n_ctx": plan.n_ctx,
+            "temperature": temperature,
+            "seed": seed,
+            "repeats": repeats,
+            "max_tokens": max_tokens,
+            "prompt_set": str(prompts_file) if prompts_file else lib.BUILTIN,
+            "prompts": len(prompts),
+            "draft_prefill": "excluded from tok/s, included in ttft_ms and prompt_ms",
+        }
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+    else:
+        render_results(out, err, result)
+    if verify and not result.verify_ok:
+        if as_json:
+            click.echo(f"error: verify: {len(result.differences)} run(s) differ from plain decoding", err=True)
+        sys.exit(1)
+
+
+# `--spec` makes no sense here (--modes chooses); drop it from this command only.
+bench.params = [p for p in bench.params if p.name != "spec_mode"]

@@ -1,0 +1,58 @@
+"""`edgespec bench` end to end on the real default pair: a tiny prompt set, --verify, --json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from edgespec.cli import cli
+
+pytestmark = pytest.mark.real
+
+PROMPTS = [
+    {"id": "hello", "category": "free", "prompt": "Say hello in three languages, one per line."},
+    {
+        "id": "copy",
+        "category": "edit",
+        "system": "Reply with the code only.",
+        "prompt": "Rename `total` to `acc` in this code and return the whole code.\n\n"
+        "def add_all(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n",
+    },
+]
+MODES = ["off", "ngram", "auto"]
+METRICS = ("tokens", "tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_per_pass", "ttft_ms",
+           "latency_p50_ms", "latency_p95_ms")
+
+
+def test_bench_default_pair_verify_json(tmp_path):
+    f = tmp_path / "tiny.jsonl"
+    f.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    args = ["bench", "--prompts", str(f), "--max-tokens", "24", "--modes", ",".join(MODES), "--verify", "--json",
+            "-q", "-t", "2"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, (r.stdout, r.stderr, r.exception)
+    data = json.loads(r.stdout)
+
+    assert data["modes"] == MODES and data["skipped"] == []
+    assert data["config"]["draft"] and data["config"]["target"].endswith(".gguf")
+    assert data["verify"] == {"checked": True, "ok": True, "differences": []}
+    assert set(data["categories"]) == {"free", "edit"}
+    for group in [data["overall"], *data["categories"].values()]:
+        assert set(group) == set(MODES)
+        for mode, row in group.items():
+            for key in METRICS:
+                assert key in row
+            assert row["tokens"] > 0 and row["tokens_per_s"] > 0 and row["ttft_ms"] > 0
+            assert 0 < row["mean_accepted_per_pass"] <= 17
+            if mode == "off":
+                assert row["speedup"] == 1.0 and row["acceptance_rate"] is None
+    assert [p["id"] for p in data["prompts"]] == ["hello", "copy"]
+    for p in data["prompts"]:
+        assert set(p["modes"]) == set(MODES) and p["prompt_tokens"] > 0
+        tokens = {m["tokens"] for m in p["modes"].values()}
+        assert len(tokens) == 1 and tokens.pop() <= 24  # greedy: every mode emits the same tokens
+    # Input-grounded copying is where n-gram drafting accepts: it must have drafted and accepted something.
+    copy = data["prompts"][1]["modes"]["ngram"]
+    assert copy["drafted"] > 0 and copy["accepted"] > 0

@@ -1,0 +1,332 @@
+"""edgespec bench: prompt files, statistics, verification, and the run loop over fake models."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from edgespec import bench as lib
+from edgespec.bench import BenchPrompt, BenchResult, Run
+from edgespec.config import SpecConfig
+from edgespec.controller import CostModel
+from edgespec.engine import Engine
+from edgespec.errors import InputError
+from edgespec.generate import GenerationStats
+from edgespec.sampling import SamplingConfig
+
+from .fakes import FakeModel, table_lm
+
+
+# ---- prompt files -----------------------------------------------------------------------------
+def test_parse_good_file_with_optional_fields_comments_and_blank_lines():
+    text = "\n".join([
+        '{"id": "a", "category": "free", "prompt": "hi"}',
+        "",
+        "# a comment",
+        '{"id": "b", "category": "edit", "prompt": "fix", "system": "be brief", "max_tokens": 32, "extra": 1}',
+    ])
+    ps = lib.parse_prompts(text, "set.jsonl")
+    assert ps == [BenchPrompt("a", "free", "hi"), BenchPrompt("b", "edit", "fix", "be brief", 32)]
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"id": "b", "category": "x", "prompt": ', "set.jsonl:2: not valid JSON"),
+        ('["a", "b"]', "set.jsonl:2: expected a JSON object"),
+        ('{"id": "b", "prompt": "p"}', "set.jsonl:2: missing field 'category'"),
+        ('{"id": "b"}', "set.jsonl:2: missing fields 'category', 'prompt'"),
+        ('{"id": "b", "category": "x", "prompt": "  "}', "set.jsonl:2: 'prompt' must be a non-empty string"),
+        ('{"id": 3, "category": "x", "prompt": "p"}', "set.jsonl:2: 'id' must be a non-empty string"),
+        ('{"id": "b", "category": "x", "prompt": "p", "max_tokens": 0}', "set.jsonl:2: 'max_tokens' must be a positive integer"),
+        ('{"id": "b", "category": "x", "prompt": "p", "max_tokens": "9"}', "set.jsonl:2: 'max_tokens' must be a positive integer"),
+        ('{"id": "b", "category": "x", "prompt": "p", "system": 5}', "set.jsonl:2: 'system' must be a non-empty string"),
+        ('{"id": "a", "category": "x", "prompt": "p"}', "set.jsonl:2: duplicate id 'a' (first on line 1)"),
+    ],
+)
+def test_parse_errors_name_the_line(line, message):
+    text = '{"id": "a", "category": "free", "prompt": "hi"}\n' + line + "\n"
+    with pytest.raises(InputError) as exc:
+        lib.parse_prompts(text, "set.jsonl")
+    assert exc.value.message.startswith(message)
+    assert "\n" not in exc.value.message
+
+
+def test_empty_file_and_unreadable_files(tmp_path):
+    with pytest.raises(InputError, match="no prompts"):
+        lib.parse_prompts("\n# only a comment\n", "e.jsonl")
+    with pytest.raises(InputError, match="cannot read"):
+        lib.load_prompts(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"id": "a", "category": "c", "prompt": "p"}\n{"id": "\xff"}\n')
+    with pytest.raises(InputError, match=r"bad.jsonl:2: not valid UTF-8"):
+        lib.load_prompts(bad)
+
+
+def test_builtin_set_covers_free_code_and_grounded_prompts():
+    ps = lib.load_prompts(None)
+    cats = {p.category for p in ps}
+    assert {"free", "code", "edit", "extract"} <= cats
+    grounded = [p for p in ps if p.category == "edit"]
+    assert grounded and all(p.prompt.count("\n") >= 25 for p in grounded)  # real input to copy from
+    assert all(p.max_tokens for p in ps)
+
+
+def test_category_filter_and_modes():
+    ps = [BenchPrompt("a", "free", "x"), BenchPrompt("b", "edit", "y")]
+    assert [p.id for p in lib.filter_categories(ps, lib.split_list(["edit"]))] == ["b"]
+    assert lib.filter_categories(ps, []) == ps
+    with pytest.raises(InputError, match="unknown nope"):
+        lib.filter_categories(ps, ["nope"])
+    assert lib.parse_modes("ngram, auto") == ["off", "ngram", "auto"]  # the baseline always runs, first
+    assert lib.parse_modes("auto,off,auto") == ["off", "auto"]
+    with pytest.raises(InputError, match="unknown mode 'fast'"):
+        lib.parse_modes("off,fast")
+    keep, skipped = lib.runnable_modes(["off", "draft", "ngram", "combined", "auto"], has_draft=False)
+    assert keep == ["off", "ngram", "auto"] and [s["mode"] for s in skipped] == ["draft", "combined"]
+
+
+# ---- statistics -------------------------------------------------------------------------------
+def stats(tokens=10, tps=10.0, drafted=0, accepted=0, rounds=None, ttft=100.0, p50=50.0, p95=80.0, mode="off"):
+    return GenerationStats(
+        mode=mode, prompt_tokens=5, prompt_cached=0, prompt_ms=20.0, tokens=tokens, rounds=rounds or tokens,
+        drafted=drafted, accepted=accepted, acceptance_rate=accepted / drafted if drafted else 0.0, accepted_hist={},
+        mean_accepted_per_pass=tokens / (rounds or tokens), draft_ms=0.0, verify_ms=0.0, gen_s=tokens / tps,
+        tokens_per_s=tps, ttft_ms=ttft, latency_p50_ms=p50, latency_p95_ms=p95, finish_reason="length",
+    )
+
+
+def run(pid, mode, st, rep=0, cat="c", tokens=(1, 2, 3)):
+    return Run(pid, cat, mode, rep, st, tuple(tokens))
+
+
+def test_median_and_speedup():
+    assert lib.median([3, 1, 2]) == 2
+    assert lib.median([4, 1, 2, 3]) == 2.5
+    with pytest.raises(ValueError):
+        lib.median([])
+    assert lib.speedup(30.0, 15.0) == 2.0
+    assert lib.speedup(30.0, None) is None and lib.speedup(0.0, 10.0) is None
+
+
+def test_measure_takes_medians_over_repeats_and_adds_draft_prefill_to_ttft():
+    runs = [run("a", "ngram", stats(tps=t, drafted=8, accepted=a, rounds=r, ttft=f), rep=i)
+            for i, (t, a, r, f) in enumerate([(10, 4, 6, 100), (30, 6, 4, 300), (20, 5, 5, 200)])]
+    runs[0] = Run("a", "c", "ngram", 0, runs[0].stats, (), extra_prefill_ms=1000.0)
+    m = lib.measure(runs)
+    assert m.tokens_per_s == 20 and m.repeats == 3
+    assert m.accepted == 5 and m.drafted == 8 and m.acceptance_rate == 5 / 8
+    assert m.mean_accepted_per_pass == 10 / 5
+    assert m.ttft_ms == 300  # 1100, 300, 200 -> 300
+    assert m.gen_s == pytest.approx(0.5)
+
+
+def test_aggregate_pools_time_and_tokens():
+    slow = lib.measure([run("a", "off", stats(tokens=10, tps=10))])  # 1 s
+    fast = lib.measure([run("b", "off", stats(tokens=30, tps=30))])  # 1 s
+    agg = lib.aggregate([slow, fast])
+    assert agg.tokens == 40 and agg.gen_s == pytest.approx(2.0) and agg.tokens_per_s == pytest.approx(20.0)
+    assert agg.speedup is None and agg.acceptance_rate is None
+    spec = [lib.measure([run("a", "ngram", stats(tokens=10, tps=20, drafted=10, accepted=5, rounds=5))]),
+            lib.measure([run("b", "ngram", stats(tokens=30, tps=60, drafted=30, accepted=20, rounds=10))])]
+    agg2 = lib.aggregate(spec, [slow, fast])
+    assert agg2.speedup == pytest.approx(2.0)
+    assert agg2.acceptance_rate == pytest.approx(25 / 40)
+    assert agg2.mean_accepted_per_pass == pytest.approx(40 / 15)
+
+
+def test_result_summary_per_category_and_json_shape():
+    ps = [BenchPrompt("a", "free", "x"), BenchPrompt("b", "edit", "y"), BenchPrompt("c", "edit", "z")]
+    res = BenchResult(modes=["off", "ngram"], prompts=ps)
+    speeds = {"a": (20, 19), "b": (20, 40), "c": (10, 30)}
+    for pid, (off, ng) in speeds.items():
+        cat = "free" if pid == "a" else "edit"
+        res.runs.append(run(pid, "off", stats(tps=off), cat=cat))
+        res.runs.append(run(pid, "ngram", stats(tps=ng, drafted=10, accepted=5, rounds=5, mode="ngram"), cat=cat))
+    assert res.categories() == ["free", "edit"]
+    assert res.summary("free")["ngram"].speedup == pytest.approx(19 / 20)
+    # edit: off 10 tok in 0.5 s + 10 in 1 s = 20 tok/1.5 s; ngram 20 tok in 0.25 + 1/3 s
+    edit = res.summary("edit")
+    assert edit["ngram"].speedup == pytest.approx((20 / (0.25 + 1 / 3)) / (20 / 1.5))
+    assert edit["off"].speedup == pytest.approx(1.0)
+    data = json.loads(json.dumps(res.to_json()))
+    assert set(data) == {"config", "modes", "skipped", "notes", "overall", "categories", "prompts", "verify"}
+    assert set(data["categories"]) == {"free", "edit"} and set(data["overall"]) == {"off", "ngram"}
+    row = data["prompts"][1]["modes"]["ngram"]
+    assert row["speedup"] == 2.0 and row["acceptance_rate"] == 0.5 and row["mean_accepted_per_pass"] == 2.0
+    for key in ("tokens_per_s", "ttft_ms", "latency_p50_ms", "latency_p95_ms", "tokens"):
+        assert key in row and key in data["overall"]["ngram"]
+    assert data["verify"] == {"checked": False, "ok": None, "differences": []}
+
+
+# ---- verification -----------------------------------------------------------------------------
+def test_first_difference():
+    assert lib.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert lib.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert lib.first_difference([1, 2, 3], [1, 2]) == 2
+    assert lib.first_difference([], []) is None
+    assert lib.compare_runs([1, 2], [1, 2, 7]) == (2, None, 7)
+    assert lib.compare_runs([4], [5]) == (0, 4, 5)
+
+
+def test_verify_runs_compares_every_run_to_the_first_plain_run():
+    s = stats()
+    runs = [
+        run("a", "off", s, tokens=(1, 2, 3, 4)),
+        run("a", "ngram", s, tokens=(1, 2, 3, 4)),
+        run("a", "draft", s, tokens=(1, 2, 9, 4)),
+        run("a", "off", s, rep=1, tokens=(1, 2, 3)),
+        run("b", "off", s, tokens=(5,)),
+        run("b", "auto", s, tokens=(5,)),
+    ]
+    diffs = lib.verify_runs(runs)
+    assert [(d.prompt_id, d.mode, d.repeat, d.position, d.plain_token, d.spec_token) for d in diffs] == [
+        ("a", "draft", 0, 2, 3, 9),
+        ("a", "off", 1, 3, 4, None),
+    ]
+
+
+# ---- the run loop on fake models --------------------------------------------------------------
+class BenchModel(FakeModel):
+    def __init__(self, lm, **kw):
+        super().__init__(lm, **kw)
+        self.resets = 0
+
+    def reset(self):
+        self.tokens = []
+        self.resets += 1
+
+    def token_bytes(self, token):
+        return bytes([97 + token])
+
+
+class FakeEngine(Engine):
+    """The real Engine's decoder/stream over fake models (no llama.cpp)."""
+
+    def __init__(self, with_draft=True, lm_seed=3):
+        self.config = None
+        self.spec = SpecConfig(mode="auto", draft_max=6)
+        self.target = BenchModel(table_lm(lm_seed), n_ctx=512)
+        self.draft = BenchModel(table_lm(lm_seed), n_ctx=512) if with_draft else None
+        self.cost = CostModel()
+        self._controller = None
+        self._template = None
+        self.controllers = []
+
+    def chat_tokens(self, messages):
+        text = "".join(m.content for m in messages)
+        return [1 + (ord(ch) % 7) for ch in text]
+
+    def decoder(self, sampling, mode=None):
+        dec = super().decoder(sampling, mode)
+        self.controllers.append(dec.controller)
+        return dec
+
+
+PROMPTS = [BenchPrompt("p1", "free", "abcab"), BenchPrompt("p2", "edit", "hello hello hello", max_tokens=12)]
+
+
+def test_run_bench_on_fakes_verifies_and_isolates_runs():
+    eng = FakeEngine()
+    seen = []
+    res = lib.run_bench(eng, PROMPTS, ["off", "draft", "ngram", "combined", "auto"], SamplingConfig(),
+                        repeats=2, max_tokens=16, verify=True, on_progress=seen.append)
+    assert res.modes == ["off", "draft", "ngram", "combined", "auto"] and not res.skipped
+    assert len(res.runs) == 2 * 2 * 5
+    assert res.verified and res.verify_ok, res.differences
+    assert all(r.stats.prompt_cached == 0 for r in res.runs)  # every run starts from empty caches
+    assert eng.target.tokens == [] and eng.draft.tokens == []
+    assert len({id(c) for c in eng.controllers}) == len(eng.controllers)  # a fresh controller each run
+    assert all(r.stats.tokens <= (16 if r.prompt_id == "p1" else 12) for r in res.runs)
+    assert any(r.extra_prefill_ms > 0 for r in res.runs if r.mode == "draft")
+    assert [p.phase for p in seen[:5]] == ["warmup"] * 5
+    finished = [p for p in seen if p.phase == "timed" and p.run is not None]
+    assert [p.index for p in finished] == list(range(1, 21))
+    data = res.to_json()
+    assert set(data["overall"]) == set(res.modes) and data["verify"]["ok"] is True
+    assert data["overall"]["off"]["speedup"] == 1.0
+
+
+def test_run_bench_without_draft_skips_draft_modes():
+    eng = FakeEngine(with_draft=False)
+    res = lib.run_bench(eng, PROMPTS[:1], ["off", "draft", "combined", "auto"], SamplingConfig(), max_tokens=8, warmup=False)
+    assert res.modes == ["off", "auto"]
+    assert [s["mode"] for s in res.skipped] == ["draft", "combined"]
+    assert res.notes and "without a draft model" in res.notes[0]
+
+
+def test_run_bench_sampled_timing_verifies_on_greedy_runs():
+    eng = FakeEngine()
+    res = lib.run_bench(eng, PROMPTS[:1], ["off", "ngram"], SamplingConfig(temperature=0.8, seed=1),
+                        max_tokens=8, verify=True, warmup=False)
+    assert len(res.runs) == 2 and res.verified and res.verify_ok
+
+
+def test_run_bench_reports_a_broken_mode():
+    eng = FakeEngine()
+    real_stream = Engine.stream
+
+    def broken(self, prompt, sampling=SamplingConfig(), **kw):
+        for item in real_stream(self, prompt, sampling, **kw):
+            if kw.get("decoder") is not None and kw["decoder"].settings.mode == "ngram" and hasattr(item, "tokens") and item.tokens:
+                item = type(item)(item.text, item.finish_reason, item.stats, (*item.tokens[:-1], item.tokens[-1] + 1))
+            yield item
+
+    eng.stream = broken.__get__(eng)
+    res = lib.run_bench(eng, PROMPTS[:1], ["off", "ngram"], SamplingConfig(), max_tokens=8, verify=True, warmup=False)
+    assert not res.verify_ok
+    d = res.differences[0]
+    assert d.mode == "ngram" and d.position == res.runs[0].stats.tokens - 1
+
+
+def test_run_bench_argument_checks():
+    eng = FakeEngine()
+    with pytest.raises(InputError, match="--repeats"):
+        lib.run_bench(eng, PROMPTS, ["off"], SamplingConfig(), repeats=0)
+    with pytest.raises(InputError, match="--max-tokens"):
+        lib.run_bench(eng, PROMPTS, ["off"], SamplingConfig(), max_tokens=0)
+
+
+# ---- rendering and the command's input errors -------------------------------------------------
+def test_table_renders_categories_overall_and_verify():
+    from edgespec.render.bench import progress_line, render_results
+
+    eng = FakeEngine()
+    res = lib.run_bench(eng, PROMPTS, ["off", "ngram", "auto"], SamplingConfig(), max_tokens=8, verify=True, warmup=False)
+    res.config = {"target": "t.gguf", "draft": "d.gguf", "threads": 2, "temperature": 0.0, "repeats": 1}
+    buf = io.StringIO()
+    con = Console(file=buf, width=80)  # not a terminal: the table widens instead of eliding
+    render_results(con, con, res)
+    out = buf.getvalue()
+    assert "…" not in out
+    for word in ("free (1)", "edit (1)", "overall (2)", "ngram", "auto", "verify: ok", "2 threads"):
+        assert word in out
+    line = progress_line(lib.Progress(1, 2, res.runs[1], "p1", "ngram", 0))
+    assert line.startswith("[1/2] p1 ngram:") and "tok/s" in line
+
+
+def test_cli_reports_a_malformed_prompt_file_in_one_line(tmp_path, capsys):
+    from edgespec.cli import main
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"id": "a", "category": "c", "prompt": "p"}\n{"id": "b", "category": "c"}\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--prompts", str(f)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {f}:2: missing field 'prompt'"
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--prompts", str(f), "--modes", "off,warp"])
+    assert exc.value.code == 2 and "unknown mode 'warp'" in capsys.readouterr().err
+
+
+def test_cli_has_no_spec_flag():
+    from click.testing import CliRunner
+
+    from edgespec.cli import cli
+
+    r = CliRunner().invoke(cli, ["bench", "--help"])
+    assert r.exit_code == 0 and "--modes" in r.output and "--spec " not in r.output
