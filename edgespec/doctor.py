@@ -112,6 +112,8 @@ def check_build() -> list[tuple[bool, str]]:
     # A native build on an AMX CPU crashes in ggml_backend_amx_mul_mat on batched decodes.
     if "AMX" in cpu_features() and "AMX_INT8 = 1" in info:
         results.append((False, "this llama.cpp build enables AMX, which crashes on batched decoding here; rebuild with scripts/setup"))
+    if "LLAMAFILE = 1" in info:
+        results.append((False, "this build uses llamafile sgemm, so speculative output can drift from plain decoding; rebuild with scripts/setup (-DGGML_LLAMAFILE=OFF)"))
     results.append((True, "GPU offload supported" if devices.supports_gpu_offload() else "CPU-only build (no GPU offload)"))
     return results
 

@@ -51,7 +51,8 @@ class Engine:
         self.spec = config.spec
         if config.draft_path is not None and config.spec.uses_draft_model:
             check_compatible(config.target_path, config.draft_path)
-        self.target = LlamaModel(config.target_path, config.target_params)
+        # The target's logits decide the output, so they must not depend on the verify batch size.
+        self.target = LlamaModel(config.target_path, replace(config.target_params, exact=True))
         self.draft: LlamaModel | None = None
         try:
             if config.draft_path is not None and config.spec.uses_draft_model:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .backend.model import LlamaModel
@@ -149,7 +149,7 @@ def measure(target_path: Path, draft_path: Path | None, plan: Plan, *, k_max: in
     ks = list(range(1, k_max + 1))
     progress.start("timing target batches", len(ks) + (3 if draft_path else 1))
     try:
-        with LlamaModel(target_path, load_params(plan.target, plan)) as target:
+        with LlamaModel(target_path, replace(load_params(plan.target, plan), exact=True)) as target:
             target_ms = time_batches(target, ks, repeats, progress)
         draft_ms = alpha = None
         if draft_path is not None:

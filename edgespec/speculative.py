@@ -22,6 +22,7 @@ class Model(Protocol):
     n_vocab: int
     n_ctx: int
     tokens: list[int]  # what the KV cache holds, in order
+    # optional: max_exact_batch (int | None), the largest batch whose logits equal 1-token decoding
 
     def decode(self, tokens: Sequence[int], logits_for: Sequence[int] = ()) -> np.ndarray: ...
 
@@ -261,6 +262,9 @@ class SpeculativeDecoder:
         self._probe_gap = settings.probe_every
         self._rounds_off = 0
         self._shadow: tuple[str, int, tuple[int, ...]] | None = None
+        # A backend whose logits are batch-invariant only up to some batch size says so.
+        limit = getattr(target, "max_exact_batch", None)
+        self._max_draft = settings.draft_max if limit is None else min(settings.draft_max, limit - 1)
 
     # ---- public --------------------------------------------------------------------------
     def generate(self, prompt: Sequence[int], max_tokens: int) -> Iterator[TokenEvent]:
@@ -285,7 +289,7 @@ class SpeculativeDecoder:
                 if room < 0:
                     st.finish_reason = "length"
                     return
-                k_cap = min(room, max_tokens - emitted - 1)
+                k_cap = min(room, max_tokens - emitted - 1, self._max_draft)
                 new, sources = self._round(ctx, k_cap)
                 assert new, "every round emits at least one token"
                 for tok, src in zip(new, sources):

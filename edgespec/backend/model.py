@@ -31,10 +31,22 @@ _backend_ready = False
 _log_callback = None
 _verbose = False
 # Greedy speculative output must equal plain decoding token for token, so a row's logits must not
-# depend on how many rows share its batch. On CPU two ggml paths break that: weight repacking
-# (a 4-row GEMM kernel) and the tiled K-quant matmul (batches of 8+). Both are turned off unless
-# EDGESPEC_FAST_KERNELS=1 asks for speed over exactness.
-_batch_invariant_kernels = os.environ.get("EDGESPEC_FAST_KERNELS", "0") != "1"
+# depend on how many rows share its batch. On CPU, ggml breaks that in four places: weight
+# repacking (a 4-row GEMM kernel), the tiled K-quant matmul (batches of 8+ rows), flash
+# attention's split-KV path (1 row once the cache passes 512 cells) and llamafile's sgemm (2+ rows
+# of F16 attention). An "exact" target therefore loads without repacking and flash attention,
+# verifies at most EXACT_MAX_BATCH rows at once (below the tiled threshold), and needs a build
+# with -DGGML_LLAMAFILE=OFF (scripts/setup does that). EDGESPEC_FAST_KERNELS=1 trades exactness
+# for the faster kernels.
+EXACT_MAX_BATCH = 7
+FAST_KERNELS = os.environ.get("EDGESPEC_FAST_KERNELS", "0") == "1"
+
+
+def exact_kernels_available() -> bool:
+    """Whether this llama.cpp build can decode batch-invariantly on CPU (no llamafile sgemm)."""
+    import llama_cpp
+
+    return "LLAMAFILE = 1" not in llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
 def set_verbose(verbose: bool) -> None:
@@ -54,9 +66,6 @@ def _ensure_backend(llama_cpp) -> None:
             os.write(2, text)
 
     _log_callback = _log  # keep a reference: C holds only the pointer
-    if _batch_invariant_kernels:
-        # ggml reads this once, at the first matrix product: set it before any decode.
-        os.environ.setdefault("GGML_CPU_TILED_MM", "0")
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
     _backend_ready = True
@@ -74,8 +83,11 @@ class LoadParams:
     type_v: str = "f16"
     n_batch: int = 512
     use_mmap: bool = True
-    repack: bool = not _batch_invariant_kernels
-    flash_attn: int = -1  # -1 auto, 0 off, 1 on
+    exact: bool = False  # batch-invariant logits (see EXACT_MAX_BATCH): for the target
+
+    @property
+    def fast(self) -> bool:
+        return FAST_KERNELS or not self.exact
 
     def __post_init__(self):
         if self.n_ctx < 16:
@@ -118,7 +130,7 @@ class LlamaModel:
         mp.n_gpu_layers = self.params.n_gpu_layers
         mp.main_gpu = self.params.main_gpu
         mp.use_mmap = self.params.use_mmap
-        mp.use_extra_bufts = self.params.repack
+        mp.use_extra_bufts = self.params.fast
         if self.params.tensor_split:
             arr = (ctypes.c_float * len(self.params.tensor_split))(*self.params.tensor_split)
             self._tensor_split = arr  # must outlive the load call
@@ -150,7 +162,8 @@ class LlamaModel:
         cp.type_k = KV_TYPES[p.type_k]
         cp.type_v = KV_TYPES[p.type_v]
         cp.no_perf = True
-        cp.flash_attn_type = p.flash_attn
+        # flash attention: auto (-1) when speed matters, off (0) for batch-invariant logits
+        cp.flash_attn_type = -1 if p.fast else 0
         ctx = lc.llama_init_from_model(self._model, cp)
         if not ctx:
             raise BackendError(
@@ -162,6 +175,8 @@ class LlamaModel:
         self._mem = lc.llama_get_memory(ctx)
         self._batch = lc.llama_batch_init(p.n_batch, 0, 1)
         self._row_bytes = self.n_vocab * 4
+        # The largest batch whose rows match single-token decoding exactly (None: no limit known).
+        self.max_exact_batch = None if p.fast or p.n_gpu_layers else EXACT_MAX_BATCH
 
     def close(self) -> None:
         lc = self._lc

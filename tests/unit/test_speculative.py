@@ -206,3 +206,13 @@ def test_seeded_sampling_is_reproducible():
     cfg2 = SamplingConfig(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0, seed=99)
     dec, _, _ = make(lm, draft_lm, k_max=3, sampling=cfg2)
     assert run(dec, PROMPT, 40) != outs[0]
+
+
+def test_verify_batches_respect_the_backend_exact_batch_limit():
+    lm = no_eos(LM)
+    dec, target, _ = make(lm, lm, k_min=1, k_max=8)
+    target.max_exact_batch = 3
+    dec = SpeculativeDecoder(target, GREEDY, dec.controller, SpecSettings(mode="draft", draft_max=8), drafter=ModelDrafter(FakeModel(lm), GREEDY))
+    out = run(dec, PROMPT, 30)
+    assert out == plain_greedy(lm, PROMPT, 30)
+    assert max(target.decode_calls[1:]) <= 3
