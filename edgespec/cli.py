@@ -42,6 +42,9 @@ def model_options(fn):
         click.option("-ngld", "--n-gpu-layers-draft", type=int, envvar="EDGESPEC_NGLD", help="Draft layers on the GPU."),
         click.option("-ctk", "--cache-type-k", type=click.Choice(KV_TYPES), default="f16", show_default=True, envvar="EDGESPEC_CTK"),
         click.option("-ctv", "--cache-type-v", type=click.Choice(KV_TYPES), default="f16", show_default=True, envvar="EDGESPEC_CTV"),
+        click.option("--fast-kernels", is_flag=True, envvar="EDGESPEC_FAST_KERNELS",
+                     help="Faster CPU kernels whose logits depend on the batch size: greedy speculative output may "
+                          "then differ from plain decoding at near-ties (as in llama.cpp). Off: exact."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -98,7 +101,7 @@ def open_engine(kw, spec: SpecConfig, *, quiet: bool = False):
     if not quiet:
         for w in resolved.plan.warnings:
             err.print(f"[yellow]warning:[/] {w}")
-    return resolved, _open(resolved, spec)
+    return resolved, _open(resolved, spec, exact=not kw["fast_kernels"])
 
 
 # ---- the error boundary ------------------------------------------------------------------------
@@ -204,6 +207,7 @@ def prompt(text, system, raw, as_json, quiet, show_drafts, **kw):
         click.echo(json.dumps({"text": final.text, "finish_reason": final.finish_reason, "stats": final.stats.to_json()}))
         return
     out.print()
+    out.file.flush()  # the footer goes to stderr: keep it after the answer on a terminal
     if not quiet:
         err.print(footer(final.stats), style="dim")
     if final.finish_reason == "interrupted":

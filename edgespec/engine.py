@@ -30,6 +30,7 @@ class EngineConfig:
     draft_params: LoadParams | None = None
     spec: SpecConfig = SpecConfig()
     cost: CostModel | None = None  # measured by `edgespec profile`; None: a CPU-shaped prior
+    exact: bool = True  # batch-invariant target kernels: greedy output identical to plain decoding
 
 
 def check_compatible(target_path: Path, draft_path: Path) -> None:
@@ -52,7 +53,7 @@ class Engine:
         if config.draft_path is not None and config.spec.uses_draft_model:
             check_compatible(config.target_path, config.draft_path)
         # The target's logits decide the output, so they must not depend on the verify batch size.
-        self.target = LlamaModel(config.target_path, replace(config.target_params, exact=True))
+        self.target = LlamaModel(config.target_path, replace(config.target_params, exact=config.exact))
         self.draft: LlamaModel | None = None
         try:
             if config.draft_path is not None and config.spec.uses_draft_model:

@@ -144,12 +144,12 @@ def draft_acceptance(target_path: Path, draft_path: Path, plan: Plan, max_tokens
         return est.alpha if est.rounds else 0.0
 
 
-def measure(target_path: Path, draft_path: Path | None, plan: Plan, *, k_max: int = 16, repeats: int = 5, progress=None) -> Measurement:
+def measure(target_path: Path, draft_path: Path | None, plan: Plan, *, k_max: int = 16, repeats: int = 5, progress=None, exact: bool = True) -> Measurement:
     progress = progress or NullProgress()
     ks = list(range(1, k_max + 1))
     progress.start("timing target batches", len(ks) + (3 if draft_path else 1))
     try:
-        with LlamaModel(target_path, replace(load_params(plan.target, plan), exact=True)) as target:
+        with LlamaModel(target_path, replace(load_params(plan.target, plan), exact=exact)) as target:
             target_ms = time_batches(target, ks, repeats, progress)
         draft_ms = alpha = None
         if draft_path is not None:

@@ -55,8 +55,9 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, rpc: str 
             out.print(f"[yellow]warning:[/] {w}")
     data = {"models": {"target": resolved.choice.target, "draft": resolved.choice.draft}, "plan": plan.to_json()}
     if measure:
-        m = _measure(resolved, plan, quiet=as_json)
+        m = _measure(resolved, plan, quiet=as_json, exact=not kw["fast_kernels"])
         data["cost"] = m["cost"]
+        data["kernels"] = "fast" if kw["fast_kernels"] else "exact"
         data["measurement"] = m
         result["measurement"] = m
         if not as_json:
@@ -87,14 +88,14 @@ def _plan(kw: dict, spec: SpecConfig):
     return resolved, resolved.plan
 
 
-def _measure(resolved, plan, *, quiet: bool) -> dict:
+def _measure(resolved, plan, *, quiet: bool, exact: bool) -> dict:
     from .measure import measure
     from .models import NullProgress
     from .render import stderr_console
     from .render.common import StepProgress
 
     progress = NullProgress() if quiet else StepProgress(stderr_console())
-    m = measure(resolved.target_path, resolved.draft_path, plan, progress=progress)
+    m = measure(resolved.target_path, resolved.draft_path, plan, progress=progress, exact=exact)
     return m.to_json()
 
 

@@ -100,7 +100,7 @@ def load_params(place: ModelPlacement, plan: Plan) -> LoadParams:
     )
 
 
-def open_engine(resolved: Resolved, spec: SpecConfig) -> Engine:
+def open_engine(resolved: Resolved, spec: SpecConfig, *, exact: bool = True) -> Engine:
     plan = resolved.plan
     config = EngineConfig(
         target_path=resolved.target_path,
@@ -109,5 +109,6 @@ def open_engine(resolved: Resolved, spec: SpecConfig) -> Engine:
         draft_params=load_params(plan.draft, plan) if plan.draft and resolved.draft_path else None,
         spec=spec,
         cost=resolved.cost,
+        exact=exact,
     )
     return Engine(config)

@@ -36,10 +36,8 @@ _verbose = False
 # attention's split-KV path (1 row once the cache passes 512 cells) and llamafile's sgemm (2+ rows
 # of F16 attention). An "exact" target therefore loads without repacking and flash attention,
 # verifies at most EXACT_MAX_BATCH rows at once (below the tiled threshold), and needs a build
-# with -DGGML_LLAMAFILE=OFF (scripts/setup does that). EDGESPEC_FAST_KERNELS=1 trades exactness
-# for the faster kernels.
+# with -DGGML_LLAMAFILE=OFF (scripts/setup does that). --fast-kernels trades exactness for speed.
 EXACT_MAX_BATCH = 7
-FAST_KERNELS = os.environ.get("EDGESPEC_FAST_KERNELS", "0") == "1"
 
 
 def exact_kernels_available() -> bool:
@@ -87,7 +85,7 @@ class LoadParams:
 
     @property
     def fast(self) -> bool:
-        return FAST_KERNELS or not self.exact
+        return not self.exact
 
     def __post_init__(self):
         if self.n_ctx < 16:
