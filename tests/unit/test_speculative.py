@@ -143,7 +143,7 @@ def test_ngram_mode_matches_plain_and_drafts_on_repetition():
     out = run(dec, [1, 4], 40)
     assert out == plain_greedy(lm, [1, 4], 40)
     accepted = sum(r.accepted for r in dec.stats.rounds if r.source == "ngram")
-    assert accepted > 25
+    assert accepted > 20
 
 
 def test_auto_mode_turns_ngram_on_for_copying_and_stays_exact():
