@@ -425,16 +425,13 @@ class Runner:
         return self._tokens[p.id]
 
     def reset(self) -> None:
-        for model in (self.engine.target, self.engine.draft):
-            if model is not None:
-                model.reset()
+        self.engine.reset()
 
     def run(self, p: BenchPrompt, mode: str, sampling: SamplingConfig, max_tokens: int, repeat: int = 0) -> Run:
         engine = self.engine
         tokens = self.tokens(p)
-        self.reset()
-        # A fresh controller per run: nothing learnt on one prompt or mode carries into the next.
-        engine._controller = None
+        # Empty caches and a fresh controller per run: nothing carries into the next prompt or mode.
+        engine.reset(forget_learning=True)
         decoder = engine.decoder(sampling, mode)
         extra_ms = 0.0
         if decoder.drafter is not None and len(tokens) > 1:

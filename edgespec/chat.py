@@ -285,9 +285,7 @@ class ChatSession:
 
     def drop_cache(self) -> None:
         """Forget the models' KV caches (after a hard interrupt they may not match their token lists)."""
-        for model in (getattr(self.engine, "target", None), getattr(self.engine, "draft", None)):
-            if model is not None:
-                model.reset()
+        self.engine.reset()
 
 
 def _interrupt(stream) -> Chunk | Final | None:

@@ -76,6 +76,14 @@ class Engine:
     def __exit__(self, *exc):
         self.close()
 
+    def reset(self, *, forget_learning: bool = False) -> None:
+        """Empty both KV caches; optionally forget what the controller learnt (bench isolation)."""
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.reset()
+        if forget_learning:
+            self._controller = None
+
     # ---- prompts -------------------------------------------------------------------------
     def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
         bos_text = self.target.token_text(self.target.bos) if self.target.bos >= 0 else ""

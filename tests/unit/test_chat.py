@@ -28,6 +28,10 @@ class FakeEngine:
         self.prompts: list[list[int]] = []
         self.closed = 0
 
+    def reset(self, *, forget_learning=False):
+        self.resets = getattr(self, "resets", 0) + 1
+        self.cache = []
+
     def chat_tokens(self, messages):
         tokens = []
         for m in messages:
@@ -347,16 +351,10 @@ def test_first_ctrl_c_is_a_flag_the_second_interrupts():
 
 
 def test_drop_cache_resets_both_models():
-    class Model:
-        resets = 0
-
-        def reset(self):
-            self.resets += 1
-
     eng = FakeEngine()
-    eng.target, eng.draft = Model(), Model()
+    eng.cache = [1, 2, 3]
     ChatSession(eng, n_ctx=100).drop_cache()
-    assert eng.target.resets == eng.draft.resets == 1
+    assert eng.resets == 1 and eng.cache == []
 
 
 def test_closing_at_the_trim_notice_leaves_no_dangling_question():
