@@ -34,9 +34,11 @@ class Measurement:
     ngram_us: float
     draft_alpha: float | None
     cost: CostModel
+    k_limit: int = 16  # the longest draft the engine will verify (exact CPU kernels cap it)
 
-    def verdicts(self, k_max: int = 16) -> dict:
+    def verdicts(self) -> dict:
         """Best K and expected speedup for each drafter at a few acceptance rates, and at the measured one."""
+        k_max = self.k_limit
         out = {}
         drafters = {"ngram": 0.0}
         if self.draft_ms is not None:
@@ -57,14 +59,15 @@ class Measurement:
             out["draft_model_best_k"] = k
         return out
 
-    def to_json(self, k_max: int = 16) -> dict:
+    def to_json(self) -> dict:
         return {
             "target_ms": {str(k): round(v, 3) for k, v in self.target_ms.items()},
             "draft_ms": None if self.draft_ms is None else round(self.draft_ms, 3),
             "ngram_us": round(self.ngram_us, 2),
             "draft_alpha": self.draft_alpha,
             "cost": self.cost.to_json(),
-            "verdicts": self.verdicts(k_max),
+            "k_limit": self.k_limit,
+            "verdicts": self.verdicts(),
         }
 
 
@@ -151,6 +154,7 @@ def measure(target_path: Path, draft_path: Path | None, plan: Plan, *, k_max: in
     try:
         with LlamaModel(target_path, replace(load_params(plan.target, plan), exact=exact)) as target:
             target_ms = time_batches(target, ks, repeats, progress)
+            limit = target.max_exact_batch
         draft_ms = alpha = None
         if draft_path is not None:
             with LlamaModel(draft_path, load_params(plan.draft or plan.target, plan)) as draft:
@@ -167,5 +171,6 @@ def measure(target_path: Path, draft_path: Path | None, plan: Plan, *, k_max: in
         verify={k: max(1.0, v / t1) for k, v in target_ms.items() if k > 1},
         draft_cost=(draft_ms / t1) if draft_ms else 0.0,
     )
-    return Measurement(target_ms, draft_ms, ngram_us, alpha, cost)
+    k_limit = k_max if limit is None else min(k_max, limit - 1)
+    return Measurement(target_ms, draft_ms, ngram_us, alpha, cost, k_limit)
 

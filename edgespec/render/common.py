@@ -132,7 +132,7 @@ def measurement_tables(m: dict[str, Any]) -> list[Table]:
         )
         summary.add_row("draft model verdict", verdict)
     tables.append(summary)
-    exp = Table(title="expected speedup (best K) by acceptance rate")
+    exp = Table(title=f"expected speedup (best K <= {m.get('k_limit', 16)}) by acceptance rate")
     exp.add_column("drafter")
     alphas = sorted({a for rows in (v.get("ngram", {}), v.get("draft", {})) for a in rows}, key=float)
     for a in alphas:
