@@ -152,6 +152,14 @@ class Controller:
             return Choice(0, 1.0)
         return best
 
+    def could_pay(self, draft_cost: float, k_cap: int | None = None, alpha: float = 0.98, gain: float = 1.1) -> bool:
+        """Whether a near-perfect drafter at this cost would beat plain decoding by `gain`.
+
+        If not, probing it is a sure loss: the cost alone rules it out, whatever it would accept.
+        """
+        hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
+        return any(speedup(alpha, k, draft_cost, self.cost) >= gain for k in range(1, hi + 1))
+
     def observe(self, key: str, drafted: int, accepted: int) -> None:
         self.estimate(key).observe(drafted, accepted)
 

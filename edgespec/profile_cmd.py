@@ -65,10 +65,12 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, rpc: str 
                 out.print(table)
     from .session import profile_key
 
-    path = profile_store.save_profile(
-        data, hw=hw, target_sha_or_name=profile_key(resolved.target_path),
-        draft=profile_key(resolved.draft_path) if resolved.draft_path else None,
-    )
+    target_key = profile_key(resolved.target_path)
+    draft_key = profile_key(resolved.draft_path) if resolved.draft_path else None
+    if draft_key is not None:
+        # The target's verify costs hold without a draft too (--spec ngram/off look them up so).
+        profile_store.save_profile(data, hw=hw, target_sha_or_name=target_key, draft=None)
+    path = profile_store.save_profile(data, hw=hw, target_sha_or_name=target_key, draft=draft_key)
     result["profile_path"] = str(path)
     if as_json:
         click.echo(json.dumps(result))

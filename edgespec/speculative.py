@@ -377,6 +377,8 @@ class SpeculativeDecoder:
 
     def _probe_k(self, k_cap: int) -> int:
         """While the draft model looks unprofitable, try it now and then (backing off) in case that changed."""
+        if not self.controller.could_pay(self.controller.cost.draft_cost, k_cap):
+            return 0
         self._rounds_off += 1
         if self._rounds_off < self._probe_gap:
             return 0

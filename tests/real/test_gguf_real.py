@@ -29,24 +29,12 @@ FACTS = {
 
 
 @pytest.fixture(scope="session")
-def path_of():
+def info_of(model_path):
     cache = {}
 
     def get(name):
         if name not in cache:
-            cache[name] = models.resolve(name)
-        return cache[name]
-
-    return get
-
-
-@pytest.fixture(scope="session")
-def info_of(path_of):
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = read_gguf(path_of(name), vocab=True)
+            cache[name] = read_gguf(model_path(name), vocab=True)
         return cache[name]
 
     return get
@@ -106,8 +94,8 @@ def test_gemma_cannot_draft_for_qwen(info_of):
 
 
 @pytest.mark.parametrize("keep", [10, 5000, 2_000_000, -1000])
-def test_truncated_copy_is_rejected(path_of, tmp_path, keep):
-    source = path_of(SMOL)
+def test_truncated_copy_is_rejected(model_path, tmp_path, keep):
+    source = model_path(SMOL)
     size = source.stat().st_size
     n = keep if keep > 0 else size + keep
     with open(source, "rb") as f:
@@ -116,6 +104,6 @@ def test_truncated_copy_is_rejected(path_of, tmp_path, keep):
         read_gguf(tmp_path / "cut.gguf")
 
 
-def test_real_file_cached_after_resolve(path_of):
+def test_real_file_cached_after_resolve(model_path):
     entry = models.load_registry().models[SMOL]
-    assert path_of(SMOL) == models.cached_path(entry) and models.is_cached(entry)
+    assert model_path(SMOL) == models.cached_path(entry) and models.is_cached(entry)

@@ -66,3 +66,9 @@ def test_invalid_bounds():
 
 def test_speedup_plain_is_one():
     assert speedup(0.9, 0, 0.0, CPU) == 1.0
+
+
+def test_could_pay_rules_out_a_draft_model_too_costly_even_when_perfect():
+    ctl = Controller(CostModel(verify={2: 2.01, 4: 2.6, 7: 3.98}, draft_cost=0.47), k_max=6)
+    assert not ctl.could_pay(0.47)
+    assert ctl.could_pay(0.05)
