@@ -434,8 +434,9 @@ class Runner:
         engine.reset(forget_learning=True)
         decoder = engine.decoder(sampling, mode)
         extra_ms = 0.0
-        if decoder.drafter is not None and len(tokens) > 1:
+        if decoder.drafter is not None and mode != "auto" and len(tokens) > 1:
             # The draft model's prompt processing, done up front so generation tok/s excludes it.
+            # Not in auto: there the draft model is read lazily, only if the controller uses it.
             t0 = time.perf_counter()
             decoder.drafter.model.decode(tokens[:-1])
             extra_ms = (time.perf_counter() - t0) * 1000

@@ -86,7 +86,7 @@ def bench(prompts_file, modes, categories, max_tokens, repeats, verify, temperat
             "max_tokens": max_tokens,
             "prompt_set": str(prompts_file) if prompts_file else lib.BUILTIN,
             "prompts": len(prompts),
-            "draft_prefill": "excluded from tok/s, included in ttft_ms and prompt_ms",
+            "draft_prefill": "draft/combined: done before timing, excluded from tok/s, included in ttft_ms; auto: lazy, counted in tok/s when the draft model is used",
         }
     if as_json:
         click.echo(json.dumps(result.to_json()))
