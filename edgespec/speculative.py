@@ -70,24 +70,32 @@ def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 # ---- drafters ---------------------------------------------------------------------------------
 class NgramDrafter:
-    """Prompt lookup: find the latest earlier occurrence of the context's suffix, propose what followed.
+    """Prompt lookup: find an earlier occurrence of the context's suffix, propose what followed.
 
+    When the text is copying a source (an edit of the input), the occurrence nearest to where the
+    copy has got to is the right one, even for a 1-token suffix; otherwise the latest. Matches
+    near that copy position are judged under their own acceptance key ("ngram/2@"), since they are
+    far more reliable than a lookup anywhere in the text.
     Costs ~0, so it is also asked when speculation is off, to measure its acceptance for free.
     """
 
     name = "ngram"
+    WINDOW = 8  # tokens either side of the expected copy position that still count as "in sync"
 
     def __init__(self, n_min: int = 1, n_max: int = 4):
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
+        self._reset()
+
+    def _reset(self) -> None:
         self._ctx: list[int] = []
-        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
+        self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(self.n_min, self.n_max + 1)}
+        self._copy: tuple[int, int] | None = None  # (source position used, context length then)
 
     def _update(self, context: Sequence[int]) -> None:
         if _common_prefix_len(self._ctx, context) < len(self._ctx):
-            self._ctx = []
-            self._index = {n: {} for n in self._index}
+            self._reset()
         start = len(self._ctx)
         self._ctx.extend(context[start:])
         ctx = self._ctx
@@ -95,20 +103,47 @@ class NgramDrafter:
         for end in range(max(start, 1), len(ctx)):
             for n, table in self._index.items():
                 if end >= n:
-                    table[tuple(ctx[end - n : end])] = end
+                    table.setdefault(tuple(ctx[end - n : end]), []).append(end)
+
+    def _expected(self) -> int | None:
+        """Where in the text a copy in progress would have got to by now."""
+        if self._copy is None:
+            return None
+        used, ctx_len = self._copy
+        return used + len(self._ctx) - ctx_len
+
+    def _pick(self, ends: list[int], expected: int | None) -> tuple[int, bool]:
+        if expected is not None:
+            near = min(ends, key=lambda e: abs(e - expected))
+            if abs(near - expected) <= self.WINDOW:
+                return near, True
+        return ends[-1], False
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         if max_len <= 0:
             return EMPTY
         self._update(context)
         ctx = self._ctx
+        expected = self._expected()
+        fallback = None
         for n in range(self.n_max, self.n_min - 1, -1):
             if len(ctx) <= n:
                 continue
-            end = self._index[n].get(tuple(ctx[-n:]))
-            if end is not None:
-                return Draft(tuple(ctx[end : end + max_len]), "ngram", f"ngram/{n}")
-        return EMPTY
+            ends = self._index[n].get(tuple(ctx[-n:]))
+            if not ends:
+                continue
+            end, in_sync = self._pick(ends, expected)
+            if in_sync:
+                return self._draft(end, n, max_len, "@")
+            if fallback is None:
+                fallback = (end, n)
+        if fallback is None:
+            return EMPTY
+        return self._draft(fallback[0], fallback[1], max_len, "")
+
+    def _draft(self, end: int, n: int, max_len: int, tag: str) -> Draft:
+        self._copy = (end, len(self._ctx))
+        return Draft(tuple(self._ctx[end : end + max_len]), "ngram", f"ngram/{n}{tag}")
 
 
 class ModelDrafter:

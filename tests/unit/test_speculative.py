@@ -159,7 +159,7 @@ def test_auto_mode_turns_ngram_on_for_copying_and_stays_exact():
     dec = SpeculativeDecoder(target, GREEDY, ctl, SpecSettings(mode="auto"), ngram=NgramDrafter())
     out = run(dec, [1, 4], 80)
     assert out == plain_greedy(lm, [1, 4], 80)
-    assert ctl.acceptance["ngram/4"].alpha > 0.9
+    assert max(a.alpha for k, a in ctl.acceptance.items() if k.startswith("ngram/")) > 0.9
     assert sum(r.accepted for r in dec.stats.rounds) > 50
 
 
@@ -192,6 +192,17 @@ def test_ngram_drafter_prefers_longest_and_latest_match():
     assert d.propose([1, 2, 3, 4], 3).tokens == ()
     # context that is not an extension resets the index
     assert d.propose([8, 8, 8], 2).tokens == (8,)
+
+
+def test_ngram_follows_the_copy_position_after_a_substitution():
+    # source: 1 2 9 3 9 4 9 5 ; the copy replaced "2" by "7": after "7 9" the in-sync "9" is the one
+    # followed by 3 (near the copy position), not the latest one (followed by 5).
+    d = NgramDrafter(n_min=1, n_max=3)
+    source = [1, 2, 9, 3, 9, 4, 9, 5, 0]
+    d.propose(source + [1], 4)  # starts copying from position 1
+    draft = d.propose(source + [1, 7, 9], 3)
+    assert draft.tokens == (3, 9, 4)
+    assert draft.key == "ngram/1@"
 
 
 def test_seeded_sampling_is_reproducible():
