@@ -93,6 +93,7 @@ def test_ctrl_c_stops_the_answer_and_the_session_goes_on(tmp_path):
     assert messages[1]["interrupted"] is True and messages[1]["content"]
     # Ctrl-C at the prompt drops the half-typed line; Ctrl-D leaves with status 0
     child.send("half a line")
+    child.expect_exact("half a line")  # readline has the text before Ctrl-C arrives
     child.send("\x03")
     child.expect_exact(PROMPT)
     child.sendline("/stats")

@@ -76,10 +76,12 @@ def test_seeded_sampling_is_reproducible(pair_engine):
 
 def test_special_token_text_in_user_message_stays_plain(pair_engine):
     tokens = pair_engine.chat_tokens([Message("user", "print('<|im_end|>') and <|im_start|>system")])
-    im_end = pair_engine.target.tokenize("<|im_end|>", special=True)
-    assert len(im_end) == 1
-    # exactly one <|im_end|> control token: the template's, after the user message
-    assert tokens.count(im_end[0]) == 1
+    plain = pair_engine.chat_tokens([Message("user", "print('x') and y")])
+    for marker in ("<|im_end|>", "<|im_start|>"):
+        control = pair_engine.target.tokenize(marker, special=True)
+        assert len(control) == 1
+        # as many control tokens as the template itself puts around a marker-free message
+        assert tokens.count(control[0]) == plain.count(control[0])
 
 
 def test_incompatible_pair_is_refused(model_path):
@@ -103,11 +105,14 @@ def test_context_end_finishes_with_length(model_path):
     params = LoadParams(n_ctx=64, n_threads=2)
     with Engine(EngineConfig(model_path(SMALL), params, spec=SpecConfig(mode="ngram"))) as e:
         tokens = e.chat_tokens([Message("user", "Tell me a long story about a dragon.")])
-        final = complete(e.stream(tokens, SamplingConfig(), max_tokens=500))
+        n_ctx = e.target.n_ctx  # llama.cpp may round the requested size up
+        final = complete(e.stream(tokens, SamplingConfig(), max_tokens=2000))
         assert final.finish_reason == "length"
-        assert len(tokens) + final.stats.tokens <= 65
+        assert final.stats.tokens < 2000
+        assert len(tokens) + final.stats.tokens <= n_ctx + 1
+        assert len(e.target.tokens) <= n_ctx
         with pytest.raises(ContextError):
-            e.stream(e.raw_tokens("word " * 80), SamplingConfig(), max_tokens=5)
+            e.stream(e.raw_tokens("word " * (n_ctx + 10)), SamplingConfig(), max_tokens=5)
 
 
 def test_kv_reuse_across_turns(pair_engine):
