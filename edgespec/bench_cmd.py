@@ -18,7 +18,7 @@ from .cli import CONTEXT, cli, model_options, open_engine, spec_config
 @click.option("--modes", default=",".join(("off", "draft", "ngram", "combined", "auto")), show_default=True,
               help="Comma-separated modes; off (the baseline) always runs. Modes needing a draft model are skipped without one.")
 @click.option("--category", "categories", multiple=True, help="Only prompts of this category (repeatable, or comma-separated).")
-@click.option("-n", "--max-tokens", type=int, help="Cap on generated tokens per prompt (default: each prompt's max_tokens, else 128).")
+@click.option("-n", "--max-tokens", type=int, envvar="EDGESPEC_MAX_TOKENS", help="Cap on generated tokens per prompt (default: each prompt's max_tokens, else 128).")
 @click.option("--repeats", type=int, default=1, show_default=True, help="Runs per prompt and mode; the median is reported.")
 @click.option("--verify", is_flag=True, help="Check that every mode's greedy output equals plain decoding; exit 1 if not.")
 @click.option("--temperature", "--temp", type=float, default=0.0, show_default=True, help="0 is greedy.")

@@ -52,6 +52,7 @@ def chat(system, load_file, show_drafts, no_trim, quiet, **kw):
         draft = resolved.draft_path.name if engine.draft is not None else None
         err.print(banner(resolved.target_path.name, draft, spec.mode, engine.target.n_ctx))
         _line_editing()
+        _ctrl_c_on_a_terminal()
         status = run_repl(session, RichChatView(stdout_console(), err, show_drafts=show_drafts, quiet=quiet))
     sys.exit(status)
 
@@ -145,6 +146,13 @@ def soft_sigint() -> Iterator[_Sigint]:
         yield flag
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+def _ctrl_c_on_a_terminal() -> None:
+    """A shell starts background jobs with SIGINT ignored, which Python then keeps; in an
+    interactive session on a terminal Ctrl-C must work, so take it back."""
+    if sys.stdin.isatty() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def is_command(text: str) -> bool:
