@@ -82,6 +82,8 @@ def test_stop_string():
         (("prompt", "word " * 300, "-m", SMALL, "-c", "128"), None, "context", 7),
         (("prompt", "hi", "-m", TARGET, "-md", SMALL, "--spec", "draft"), None, "cannot draft for", 6),
         (("prompt", "hi", "--spec", "sideways"), None, "Invalid value", 2),
+        (("profile", "--rpc", "nonsense", "--no-measure"), None, "--rpc takes host:port", 2),
+        (("profile", "--rpc", "127.0.0.1:50052", "--no-measure"), None, "no RPC support", 2),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(args, input, message, code):
