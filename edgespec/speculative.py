@@ -156,8 +156,8 @@ class ModelDrafter:
         self.sampling = sampling
         self.p_min = p_min
         self.n_vocab_target = n_vocab_target or model.n_vocab
-        seed = sampling.seed if sampling.seed is not None else None
-        self.rng = np.random.default_rng(None if seed is None else seed + 0x5EED)
+        # Its own stream, derived from the seed, so drafting never shifts the verifier's draws.
+        self.rng = np.random.default_rng(None if sampling.seed is None else sampling.seed + 0x5EED)
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         m = self.model
