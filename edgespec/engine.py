@@ -97,9 +97,6 @@ class Engine:
     def raw_tokens(self, text: str) -> list[int]:
         return self.target.tokenize(text, special=False, add_bos=self.target.add_bos)
 
-    def has_chat_template(self) -> bool:
-        return self._template is not None
-
     # ---- generation ----------------------------------------------------------------------
     def _new_controller(self, mode: str, learn_timing: bool) -> Controller:
         return Controller(

@@ -51,11 +51,7 @@ class TokenEvent:
 
 def sync_kv(model: Model, context: Sequence[int]) -> list[int]:
     """Trim `model`'s cache to its common prefix with `context`; return the tokens still to decode."""
-    held = model.tokens
-    n = min(len(held), len(context))
-    common = 0
-    while common < n and held[common] == context[common]:
-        common += 1
+    common = _common_prefix_len(model.tokens, context)
     model.trim(common)
     return list(context[common:])
 

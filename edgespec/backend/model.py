@@ -40,13 +40,6 @@ _verbose = False
 EXACT_MAX_BATCH = 7
 
 
-def exact_kernels_available() -> bool:
-    """Whether this llama.cpp build can decode batch-invariantly on CPU (no llamafile sgemm)."""
-    import llama_cpp
-
-    return "LLAMAFILE = 1" not in llama_cpp.llama_print_system_info().decode(errors="replace")
-
-
 def set_verbose(verbose: bool) -> None:
     """Let llama.cpp's own log through to stderr (off by default: it is noise for users)."""
     global _verbose
@@ -235,19 +228,6 @@ class LlamaModel:
     def is_eog(self, token: int) -> bool:
         return bool(self._lc.llama_vocab_is_eog(self._vocab, token))
 
-    def is_control(self, token: int) -> bool:
-        return bool(self._lc.llama_vocab_is_control(self._vocab, token))
-
-    def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = self._lc.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
-        if n < 0:
-            return None
-        if n >= 256:
-            buf = ctypes.create_string_buffer(n + 1)
-            self._lc.llama_model_meta_val_str(self._model, key.encode(), buf, n + 1)
-        return buf.value.decode("utf-8", errors="replace")
-
     def chat_template(self) -> str | None:
         raw = self._lc.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", errors="replace") if raw else None
@@ -346,6 +326,3 @@ class LlamaModel:
     def reset(self) -> None:
         self._lc.llama_memory_clear(self._mem, True)
         self.tokens = []
-
-    def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
-        self._lc.llama_set_n_threads(self._ctx, n_threads, n_threads_batch or n_threads)
