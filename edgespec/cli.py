@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass
 
 import click
 
 from . import __version__
-from .config import KV_TYPES, SPEC_MODES, LoadConfig, SpecConfig
+from .config import KV_TYPES, SPEC_MODES, LoadConfig, SpecConfig, parse_rpc
 from .errors import EdgespecError, InputError
 from .sampling import SamplingConfig
 
@@ -42,6 +43,8 @@ def model_options(fn):
         click.option("-ngld", "--n-gpu-layers-draft", type=int, envvar="EDGESPEC_NGLD", help="Draft layers on the GPU."),
         click.option("-ctk", "--cache-type-k", type=click.Choice(KV_TYPES), default="f16", show_default=True, envvar="EDGESPEC_CTK"),
         click.option("-ctv", "--cache-type-v", type=click.Choice(KV_TYPES), default="f16", show_default=True, envvar="EDGESPEC_CTV"),
+        click.option("--rpc", envvar="EDGESPEC_RPC", metavar="HOST:PORT,...",
+                     help="llama.cpp RPC servers (`edgespec rpc-server` there) whose devices take target layers."),
         click.option("--fast-kernels", is_flag=True, envvar="EDGESPEC_FAST_KERNELS",
                      help="Faster CPU kernels whose logits depend on the batch size: greedy speculative output may "
                           "then differ from plain decoding at near-ties (as in llama.cpp). Off: exact."),
@@ -86,7 +89,7 @@ def load_config(kw, spec: SpecConfig) -> LoadConfig:
     return LoadConfig(
         target=choice.target, draft=choice.draft, n_ctx=kw["ctx_size"], threads=kw["threads"],
         threads_draft=kw["threads_draft"], n_gpu_layers=kw["n_gpu_layers"], n_gpu_layers_draft=kw["n_gpu_layers_draft"],
-        type_k=kw["cache_type_k"], type_v=kw["cache_type_v"],
+        type_k=kw["cache_type_k"], type_v=kw["cache_type_v"], rpc=parse_rpc(kw["rpc"]),
     )
 
 
@@ -142,10 +145,11 @@ def main(argv=None) -> None:
 def cli(ctx, debug, verbose):
     """edgespec: faster local LLM inference with speculative decoding (llama.cpp, GGUF)."""
     ctx.obj = State(debug=debug, verbose=verbose)
-    if verbose:
-        from .backend.model import set_verbose
+    if verbose or debug:
+        from .backend.model import set_native_backtraces, set_verbose
 
-        set_verbose(True)
+        set_verbose(verbose)
+        set_native_backtraces(debug)
 
 
 # ---- prompt ------------------------------------------------------------------------------------
@@ -280,15 +284,55 @@ def doctor(refs, as_json):
 @click.option("--measure/--no-measure", default=True, show_default=True, help="Time the models (a few seconds each).")
 @click.option("--show", is_flag=True, help="Print the saved profile and exit.")
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--rpc", help="llama.cpp RPC servers host:port,... (needs a build with RPC).")
-def profile(measure, show, as_json, rpc, **kw):
+def profile(measure, show, as_json, **kw):
     """Detect the hardware, plan the offload of target + draft, measure costs, save the profile.
 
     prompt/chat/bench then use it automatically.
     """
     from .profile_cmd import run_profile
 
-    run_profile(kw, measure=measure, show=show, as_json=as_json, rpc=rpc, spec=spec_config(kw))
+    run_profile(kw, measure=measure, show=show, as_json=as_json, spec=spec_config(kw))
+
+
+# ---- rpc-server --------------------------------------------------------------------------------
+@cli.command("rpc-server", context_settings=CONTEXT)
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="EDGESPEC_RPC_HOST",
+              help="Address to listen on; 0.0.0.0 for other machines (trusted networks only).")
+@click.option("-p", "--port", type=click.IntRange(1, 65535), default=50052, show_default=True, envvar="EDGESPEC_RPC_PORT")
+@click.option("-t", "--threads", type=click.IntRange(1, 1024), help="CPU threads (default: physical cores).")
+@click.option("--cache", is_flag=True, help="Keep received tensors on disk under the user dir: reloads skip the network.")
+@click.option("--cpu", "use_cpu", is_flag=True, help="Serve the CPU even when this machine has GPUs.")
+def rpc_server(host, port, threads, cache, use_cpu):
+    """Lend this machine's GPU (or CPU) to another machine's edgespec (`--rpc HOST:PORT` there).
+
+    Runs until Ctrl-C. The protocol has no authentication or encryption: do not expose it.
+    """
+    from . import paths
+    from .backend import rpc
+    from .render import stderr_console
+
+    err = stderr_console()
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"[yellow]warning:[/] serving on {host}: anyone who can reach port {port} can use this machine's memory and compute")
+    cache_dir = None
+    if cache:
+        cache_dir = paths.home() / "rpc-cache"
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    err.print(f"edgespec rpc-server on {host}:{port}; on the other machine: [bold]edgespec prompt --rpc {host}:{port} ...[/]  (Ctrl-C stops)")
+    try:
+        rpc.serve(host, port, threads or _physical_cores(), str(cache_dir) if cache_dir else None, use_cpu)
+    except KeyboardInterrupt:
+        err.print("rpc-server stopped")
+        # The serving thread is inside a C call that never returns: leave without finalizing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _physical_cores() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
 def _register_optional_commands() -> None:

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .errors import ConfigError
 
 SPEC_MODES = ("auto", "draft", "ngram", "combined", "off")
 KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+
+
+_ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]*):(?P<port>\d{1,5})$")
+MAX_RPC_SERVERS = 16  # GGML_RPC_MAX_SERVERS
+
+
+def parse_rpc(text: str | None) -> tuple[str, ...]:
+    """`--rpc host:port[,host:port...]` as llama.cpp takes it; '' or None is no servers."""
+    if not text or not text.strip():
+        return ()
+    servers = tuple(s.strip() for s in text.split(","))
+    for server in servers:
+        match = _ENDPOINT.match(server)
+        _require(match is not None, f"--rpc takes host:port[,host:port...] (bad: {server!r})")
+        port = int(match.group("port"))
+        _require(1 <= port <= 65535, f"--rpc: port {port} of {server!r} must be in 1..65535")
+    _require(len(set(servers)) == len(servers), f"--rpc names a server twice: {text!r}")
+    _require(len(servers) <= MAX_RPC_SERVERS, f"--rpc takes at most {MAX_RPC_SERVERS} servers (got {len(servers)})")
+    return servers
 
 
 def _require(ok: bool, message: str) -> None:
@@ -50,9 +70,11 @@ class LoadConfig:
     n_gpu_layers_draft: int | None = None
     type_k: str = "f16"
     type_v: str = "f16"
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC servers whose devices join the plan
 
     def __post_init__(self):
         _require(bool(self.target), "no target model: pass -m/--model or --pair")
+        _require(parse_rpc(",".join(self.rpc)) == tuple(self.rpc), f"bad --rpc servers {self.rpc!r}")
         _require(self.n_ctx is None or 64 <= self.n_ctx <= 1 << 20, f"-c/--ctx-size must be in [64, 1048576] (got {self.n_ctx})")
         for flag, value in (("-t/--threads", self.threads), ("-td/--threads-draft", self.threads_draft)):
             _require(value is None or 1 <= value <= 1024, f"{flag} must be >= 1 (got {value})")

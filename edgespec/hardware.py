@@ -15,13 +15,13 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable
 
 GiB = 1024**3
 MiB = 1024**2
 
-BACKENDS = ("CUDA", "Metal", "Vulkan", "ROCm", "SYCL", "unknown")
+BACKENDS = ("CUDA", "Metal", "Vulkan", "ROCm", "SYCL", "RPC", "unknown")
 
 # Canonical order of the features we report; anything else the CPU has is irrelevant to llama.cpp.
 FEATURES = (
@@ -48,7 +48,7 @@ _LLAMA_FLAGS = {
 }
 
 _REG_BACKENDS = {"cuda": "CUDA", "metal": "Metal", "mtl": "Metal", "vulkan": "Vulkan",
-                 "rocm": "ROCm", "hip": "ROCm", "sycl": "SYCL"}
+                 "rocm": "ROCm", "hip": "ROCm", "sycl": "SYCL", "rpc": "RPC"}
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,12 @@ class GPUInfo:
     index: int
     # True when the GPU draws on system RAM (Apple Silicon, iGPUs): one pool, counted once.
     unified_memory: bool = False
+    # host:port of a llama.cpp RPC server whose device this is (another machine's memory).
+    endpoint: str = ""
 
     def __post_init__(self) -> None:
+        if (self.backend == "RPC") != bool(self.endpoint):
+            raise ValueError(f"device {self.name!r}: RPC devices, and only they, have an endpoint")
         if self.backend not in BACKENDS:
             raise ValueError(f"GPU backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.total_bytes < 0 or self.free_bytes < 0:
@@ -72,8 +76,14 @@ class GPUInfo:
             raise ValueError(f"GPU {self.name!r}: index must be >= 0, got {self.index}")
 
     @property
+    def remote(self) -> bool:
+        return bool(self.endpoint)
+
+    @property
     def label(self) -> str:
-        """Stable device label used in plans: backend + index, like llama.cpp's CUDA0."""
+        """Stable device label used in plans: backend + index (llama.cpp's device position)."""
+        if self.remote:
+            return f"RPC{self.index}[{self.endpoint}]"
         prefix = "GPU" if self.backend == "unknown" else self.backend
         return f"{prefix}{self.index}"
 
@@ -246,7 +256,8 @@ def _gpus_from_llama() -> tuple[GPUInfo, ...]:
             total_bytes=d.total_bytes,
             free_bytes=min(d.free_bytes, d.total_bytes),
             index=d.index,
-            unified_memory=d.kind == "IGPU" or _is_apple_silicon(),
+            unified_memory=d.kind != "RPC" and (d.kind == "IGPU" or _is_apple_silicon()),
+            endpoint=d.endpoint,
         )
         for d in devices.gpu_devices()
     )
@@ -313,11 +324,16 @@ def _apple_gpu(ram_total: int, ram_available: int) -> tuple[GPUInfo, ...]:
 
 def _detect_gpus(ram_total: int, ram_available: int) -> tuple[GPUInfo, ...]:
     # llama.cpp's own view comes first: its indices are the ones main_gpu/tensor_split use.
-    for source in (_gpus_from_llama, _gpus_from_nvml, _gpus_from_nvidia_smi):
-        gpus = source()
-        if gpus:
-            return gpus
-    return _apple_gpu(ram_total, ram_available)
+    seen = _gpus_from_llama()
+    if any(not g.remote for g in seen):
+        return seen
+    # RPC devices (if any) head llama.cpp's list; local GPUs it cannot see come after them.
+    remote = len(seen)
+    for source in (_gpus_from_nvml, _gpus_from_nvidia_smi, lambda: _apple_gpu(ram_total, ram_available)):
+        local = source()
+        if local:
+            return seen + tuple(replace(g, index=g.index + remote) for g in local)
+    return seen
 
 
 # --- whole machine -------------------------------------------------------------------------

@@ -261,11 +261,13 @@ def gpu_margin(gpu: GPUInfo) -> int:
 
 def _budget(hw: HardwareInfo) -> _Budget:
     ram = max(0, hw.ram_available - ram_headroom(hw))
-    gpus = tuple(sorted(hw.gpus, key=lambda g: g.index)) if hw.gpu_offload_supported else ()
+    # RPC devices work whatever this build can offload locally: they are other machines'.
+    usable = [g for g in hw.gpus if g.remote or hw.gpu_offload_supported]
+    gpus = tuple(sorted(usable, key=lambda g: g.index))
     unified = any(g.unified_memory for g in gpus)
     gpu = tuple(max(0, g.free_bytes - gpu_margin(g)) for g in gpus)
     if unified:
-        gpu = tuple(min(b, ram) for b in gpu)
+        gpu = tuple(b if g.remote else min(b, ram) for g, b in zip(gpus, gpu))
     return _Budget(gpus, gpu, ram, unified)
 
 
@@ -343,7 +345,7 @@ class _Joint:
     target: _Fit
     target_fractions: tuple[float, ...]
     draft: _Fit | None
-    draft_gpu: int  # budget position holding the draft
+    draft_gpu: int | None  # budget position holding the draft (None: no local GPU)
     feasible: bool
     gpu_overcommitted: bool
     need: int  # bytes the pair needs in all
@@ -351,7 +353,28 @@ class _Joint:
     kv_draft: int
 
 
-def _one_hot(n: int, pos: int) -> tuple[float, ...]:
+def _unit_counts(n_units: int, k: int, fractions: Sequence[float]) -> list[int]:
+    """How many of the last k units each device gets under `fractions`."""
+    counts = [0] * len(fractions)
+    if k:
+        for dev in _assign(n_units, k, fractions):
+            if dev is not None:
+                counts[dev] += 1
+    return counts
+
+
+def _shares(n: int, weights: Sequence[int]) -> list[int]:
+    """n whole units split by weight (largest remainder; ties to the earlier device)."""
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    shares = [int(e) for e in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - shares[i]), i))
+    for i in order[: n - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def _one_hot(n: int, pos: int | None) -> tuple[float, ...]:
     return tuple(1.0 if i == pos else 0.0 for i in range(n))
 
 
@@ -381,10 +404,12 @@ class _Request:
     ngl_draft: int | None
 
     @property
-    def fastest(self) -> int:
-        """Budget position of the GPU with the most free memory: where the draft goes."""
+    def fastest(self) -> int | None:
+        """Budget position of the local GPU with the most free memory: where the draft goes.
+        Never an RPC device: the draft runs K times a round, each a network round trip there."""
         gpus = self.budget.gpus
-        return max(range(len(gpus)), key=lambda i: (gpus[i].free_bytes, -i)) if gpus else 0
+        local = [i for i, g in enumerate(gpus) if not g.remote]
+        return max(local, key=lambda i: (gpus[i].free_bytes, -i)) if local else None
 
     def place(self, n_ctx: int, type_k: str | None = None, type_v: str | None = None,
               with_draft: bool = True) -> _Joint:
@@ -392,17 +417,44 @@ class _Request:
         remaining = list(self.budget.gpu)
         draft_fit, kv_draft = None, 0
         if self.draft is not None and with_draft:
-            # The draft runs K times per round: it gets the roomiest GPU, and gets it first.
+            # The draft runs K times per round: it gets the roomiest local GPU, and gets it first.
             draft_fit, kv_draft = self._fit(self.draft, n_ctx, type_k, type_v, self.ngl_draft,
                                             _one_hot(len(remaining), self.fastest), remaining)
             remaining = [b - u for b, u in zip(remaining, draft_fit.gpu_used)]
-        # The target is split across GPUs in proportion to the room each has left after the draft.
-        fractions = _normalized([max(0, b) for b in remaining])
-        if self.ngl_target is not None and not any(fractions):
-            fractions = _normalized([g.free_bytes for g in self.budget.gpus])
-        target_fit, kv_target = self._fit(self.target, n_ctx, type_k, type_v, self.ngl_target,
-                                          fractions, remaining)
+        room = [max(0, b) for b in remaining]
+        remote = [g.remote for g in self.budget.gpus]
+        if self.ngl_target is not None:
+            # An explicit layer count is spread over every device by its room, as llama.cpp does.
+            fractions = _normalized(room) if any(room) else _normalized([g.free_bytes for g in self.budget.gpus])
+            target_fit, kv_target = self._fit(self.target, n_ctx, type_k, type_v, self.ngl_target,
+                                              fractions, remaining)
+        else:
+            target_fit, kv_target, fractions = self._fit_target(n_ctx, type_k, type_v, room, remote, remaining)
         return self._joint(n_ctx, target_fit, fractions, draft_fit, kv_target, kv_draft)
+
+    def _fit_target(self, n_ctx: int, type_k: str, type_v: str, room: list[int], remote: list[bool],
+                    budget: Sequence[int]) -> tuple[_Fit, int, tuple[float, ...]]:
+        """Local GPUs first (split by room), then RPC devices for what they cannot hold, then CPU:
+        a remote device costs a network round trip per layer boundary, the CPU costs compute."""
+        local = _normalized([0 if r else b for b, r in zip(room, remote)])
+        fit, kv = self._fit(self.target, n_ctx, type_k, type_v, None, local, budget)
+        if not any(remote) or fit.k == self.target.n_layers + 1:
+            return fit, kv, local
+        kv_layer = kv_layer_bytes(self.target, n_ctx, type_k, type_v)
+        units, compute = _units(self.target, kv_layer), compute_bytes(self.target, self.n_ubatch)
+        away = [b if r else 0 for b, r in zip(room, remote)]
+        if not any(away):
+            return fit, kv, local
+        here = _unit_counts(len(units), fit.k, local)
+        for extra in range(len(units) - fit.k, 0, -1):
+            # llama.cpp hands out the offloaded units in device order (RPC devices come first).
+            # Whole unit counts as the split keep its float32 arithmetic and ours in step.
+            there = _shares(extra, away)
+            fractions = tuple(float(a + b) for a, b in zip(there, here))
+            trial = _usage(self.target, units, fit.k + extra, fractions, compute)
+            if all(u <= b for u, b in zip(trial.gpu_used, budget)):
+                return trial, kv, fractions
+        return fit, kv, local
 
     def _fit(self, shape: ModelShape, n_ctx: int, type_k: str, type_v: str, ngl: int | None,
              fractions: tuple[float, ...], budget: Sequence[int]) -> tuple[_Fit, int]:
@@ -419,7 +471,7 @@ class _Request:
                kv_target: int, kv_draft: int) -> _Joint:
         gpu_used = [t + (draft.gpu_used[i] if draft else 0) for i, t in enumerate(target.gpu_used)]
         cpu_used = target.cpu_used + (draft.cpu_used if draft else 0)
-        ram = self.budget.ram - (sum(gpu_used) if self.budget.unified else 0)
+        ram = self.budget.ram - _shared(self.budget, gpu_used)
         return _Joint(
             n_ctx=n_ctx, target=target, target_fractions=fractions, draft=draft,
             draft_gpu=self.fastest, feasible=cpu_used <= ram,
@@ -484,9 +536,10 @@ def make_plan(hw: HardwareInfo, target: ModelShape, draft: ModelShape | None = N
 
 
 def _offload_warnings(hw: HardwareInfo) -> list[str]:
-    if hw.gpus and not hw.gpu_offload_supported:
+    local = [g for g in hw.gpus if not g.remote]
+    if local and not hw.gpu_offload_supported:
         return [
-            f"llama.cpp was built without GPU offload, so {hw.gpus[0].name} is unused; "
+            f"llama.cpp was built without GPU offload, so {local[0].name} is unused; "
             "reinstall llama-cpp-python with GPU support to use it"
         ]
     return []
@@ -529,16 +582,25 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
+def _shared(budget: _Budget, gpu_used: Sequence[int]) -> int:
+    """What unified-memory GPUs take out of RAM (one pool; RPC devices are other machines')."""
+    if not budget.unified:
+        return 0
+    return sum(u for g, u in zip(budget.gpus, gpu_used) if not g.remote)
+
+
 def _usable(budget: _Budget) -> int:
-    return budget.ram if budget.unified else budget.ram + sum(budget.gpu)
+    return budget.ram + sum(budget.gpu) - _shared(budget, budget.gpu)
 
 
 def _refusal(request: _Request, best: _Joint, fixed_ctx: bool) -> str:
     budget, target, draft = request.budget, request.target, request.draft
     pair = f"{target.name} + {draft.name} need" if draft else f"{target.name} needs"
+    away = sum(b for g, b in zip(budget.gpus, budget.gpu) if g.remote)
+    local = sum(budget.gpu) - away
     where = f"{_gib(budget.ram)} of RAM" + (
-        f" and {_gib(sum(budget.gpu))} of GPU memory" if budget.gpu and not budget.unified else ""
-    )
+        f" and {_gib(local)} of GPU memory" if local and not budget.unified else ""
+    ) + (f" and {_gib(away)} on RPC servers" if away else "")
     head = f"{pair} ~{_gib(best.need)} at context {best.n_ctx} but only {where} is usable"
     return f"{head}; try {' or '.join(_alternatives(request, best, fixed_ctx))}"
 
@@ -594,7 +656,7 @@ def _placement(shape: ModelShape, fit: _Fit, budget: _Budget, fractions: Sequenc
 def _assemble(hw: HardwareInfo, request: _Request, best: _Joint, n_batch: int,
               threads: int | None, threads_draft: int | None, warnings: list[str]) -> Plan:
     budget, draft = request.budget, request.draft
-    main_gpu = budget.gpus[best.draft_gpu].index if budget.gpus else 0
+    main_gpu = budget.gpus[best.draft_gpu].index if best.draft_gpu is not None else 0
     t_threads = threads or hw.physical_cores
     target_p = _placement(request.target, best.target, budget, best.target_fractions, main_gpu,
                           best.kv_target, t_threads)
@@ -613,12 +675,10 @@ def _assemble(hw: HardwareInfo, request: _Request, best: _Joint, n_batch: int,
 
 def _device_uses(hw: HardwareInfo, budget: _Budget, best: _Joint) -> tuple[DeviceUse, ...]:
     uses = []
-    gpu_total_used = 0
     for i, gpu in enumerate(budget.gpus):
         used = best.target.gpu_used[i] + (best.draft.gpu_used[i] if best.draft else 0)
-        gpu_total_used += used
         uses.append(DeviceUse(gpu.label, gpu.total_bytes, used, gpu.free_bytes - used))
     cpu_used = best.target.cpu_used + (best.draft.cpu_used if best.draft else 0)
-    shared = gpu_total_used if budget.unified else 0  # one pool: the GPU's share comes out of RAM
+    shared = _shared(budget, [u.used for u in uses])  # one pool: a unified GPU's share comes out of RAM
     uses.append(DeviceUse(CPU, hw.ram_total, cpu_used, hw.ram_available - cpu_used - shared))
     return tuple(uses)

@@ -3,33 +3,14 @@
 from __future__ import annotations
 
 import json
-import re
 
 import click
 
 from . import profile_store
 from .config import SpecConfig
-from .errors import ConfigError, InputError
+from .errors import InputError
 
-_HOSTPORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
-
-
-def parse_rpc(rpc: str | None) -> list[str]:
-    """Validate --rpc; refuse clearly when this llama.cpp build cannot use it."""
-    if not rpc:
-        return []
-    from .backend import devices
-
-    servers = [s.strip() for s in rpc.split(",") if s.strip()]
-    bad = [s for s in servers if not _HOSTPORT.match(s)]
-    if bad or not servers:
-        raise ConfigError(f"--rpc takes host:port[,host:port...] (bad: {', '.join(bad) or rpc!r})")
-    if not devices.supports_rpc():
-        raise InputError("this llama.cpp build has no RPC support; rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_RPC=ON to use --rpc")
-    return servers
-
-
-def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, rpc: str | None, spec: SpecConfig) -> None:
+def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: SpecConfig) -> None:
     from .render import stdout_console
     from .render.common import devices_table, hardware_table, measurement_tables, plan_table
 
@@ -43,10 +24,9 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, rpc: str 
             return
         _render_saved(out, saved)
         return
-    servers = parse_rpc(rpc)
     resolved, plan = _plan(kw, spec)
     hw = resolved.hardware
-    result = {"hardware": hw.to_json(), "plan": plan.to_json(), "rpc": servers}
+    result = {"hardware": hw.to_json(), "plan": plan.to_json(), "rpc": list(resolved.rpc)}
     if not as_json:
         out.print(hardware_table(hw))
         out.print(plan_table(plan))

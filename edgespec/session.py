@@ -60,12 +60,17 @@ class Resolved:
     plan: Plan
     cost: CostModel | None
     profile: dict | None
+    rpc: tuple[str, ...] = ()
 
 
 def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: HardwareInfo | None = None) -> Resolved:
     choice = ModelChoice(load.target, load.draft if spec.uses_draft_model else None)
     target_path = models.resolve(choice.target, progress=progress)
     draft_path = models.resolve(choice.draft, progress=progress) if choice.draft else None
+    if load.rpc:
+        from .backend import rpc
+
+        rpc.connect(load.rpc)  # before detect(): the servers' devices join the ones it lists
     hw = hardware or detect()
     plan = make_plan(
         hw,
@@ -84,7 +89,7 @@ def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: Hard
         # A profile measured without the draft still knows the target's verify costs.
         saved = profile_store.load_profile(hw, profile_key(target_path), None)
     cost = CostModel.from_json(saved["data"]["cost"]) if saved and "cost" in saved.get("data", {}) else None
-    return Resolved(choice, target_path, draft_path, hw, plan, cost, saved)
+    return Resolved(choice, target_path, draft_path, hw, plan, cost, saved, load.rpc)
 
 
 def load_params(place: ModelPlacement, plan: Plan) -> LoadParams:

@@ -10,6 +10,7 @@ import ctypes
 from dataclasses import dataclass
 
 # enum ggml_backend_dev_type (ggml-backend.h, llama.cpp vendored by llama-cpp-python 0.3.36)
+_DEV_TYPE_CPU = 0
 _DEV_TYPE_GPU = 1
 _DEV_TYPE_IGPU = 2
 _GPU_TYPES = {_DEV_TYPE_GPU: "GPU", _DEV_TYPE_IGPU: "IGPU"}
@@ -23,9 +24,10 @@ class DeviceInfo:
     name: str
     description: str
     backend: str
-    kind: str  # "GPU" (dedicated memory) or "IGPU" (shares host memory)
+    kind: str  # "GPU" (dedicated memory), "IGPU" (shares host memory) or "RPC" (another machine's)
     free_bytes: int
     total_bytes: int
+    endpoint: str = ""  # host:port of an RPC device
 
 
 def _llama_cpp():
@@ -48,7 +50,18 @@ def system_info() -> str:
 
 
 def supports_gpu_offload() -> bool:
-    return _call_bool("llama_supports_gpu_offload")
+    """Whether this build can offload to a device of *this* machine.
+
+    llama_supports_gpu_offload() also says yes for any RPC-enabled build, GPU or not."""
+    if not _call_bool("llama_supports_gpu_offload"):
+        return False
+    api = _ggml_api()
+    if api is None:  # cannot list devices: trust llama.cpp unless RPC alone explains its yes
+        return not supports_rpc()
+    try:
+        return any(d.kind != "RPC" for d in _enumerate(api))
+    except Exception:
+        return False
 
 
 def supports_rpc() -> bool:
@@ -74,7 +87,8 @@ def llama_cpp_version() -> str:
 
 
 def gpu_devices() -> list[DeviceInfo]:
-    """GPU and integrated-GPU devices, in llama.cpp's device order (the order -ts/main_gpu use)."""
+    """RPC, GPU and integrated-GPU devices in llama.cpp's default device order (the order
+    tensor_split/main_gpu index): RPC servers' devices first, then GPUs."""
     api = _ggml_api()
     if api is None:
         return []
@@ -85,13 +99,15 @@ def gpu_devices() -> list[DeviceInfo]:
 
 
 def _candidate_libs() -> list[ctypes.CDLL]:
-    # llama-cpp-python 0.3.36 binds no ggml_backend_dev_* function. The symbols live in
-    # libggml (exposed as llama_cpp._ggml.libggml); libllama's handle also resolves them
-    # through its dependencies, which covers builds where _ggml cannot load its own copy.
+    # llama-cpp-python 0.3.36 binds no ggml_backend_dev_* function. libllama's handle resolves
+    # them through its own dependencies: the registry llama.cpp loads models with. That comes
+    # first, because llama_cpp._ggml.libggml can be a second copy of libggml with a registry of
+    # its own (wheels store libggml.so and libggml.so.0 as two files), where RPC servers
+    # registered would be invisible to llama.cpp.
     libs: list[ctypes.CDLL] = []
     if _llama_cpp() is None:
         return libs
-    for module_name, attr in (("llama_cpp._ggml", "libggml"), ("llama_cpp.llama_cpp", "_lib")):
+    for module_name, attr in (("llama_cpp.llama_cpp", "_lib"), ("llama_cpp._ggml", "libggml")):
         try:
             module = __import__(module_name, fromlist=[attr])
             lib = getattr(module, attr, None)
@@ -100,6 +116,31 @@ def _candidate_libs() -> list[ctypes.CDLL]:
         if lib is not None:
             libs.append(lib)
     return libs
+
+
+def ggml_lib() -> ctypes.CDLL | None:
+    """The library holding ggml's backend registry, its device functions declared."""
+    return _ggml_api()
+
+
+def serving_devices(use_cpu: bool) -> list[int]:
+    """What `rpc-server` offers, as llama.cpp's rpc-server picks: local GPUs, else the CPU."""
+    api = _ggml_api()
+    if api is None:
+        return []
+    gpus = [] if use_cpu else [_device_handle(api, d) for d in _enumerate(api) if d.kind != "RPC"]
+    if gpus:
+        return gpus
+    cpu = api.ggml_backend_dev_by_type(_DEV_TYPE_CPU)
+    return [cpu] if cpu else []
+
+
+def _device_handle(api: ctypes.CDLL, info: DeviceInfo) -> int:
+    for i in range(api.ggml_backend_dev_count()):
+        dev = api.ggml_backend_dev_get(i)
+        if _text(api.ggml_backend_dev_name(dev)) == info.name:
+            return dev
+    raise LookupError(info.name)
 
 
 def _ggml_api() -> ctypes.CDLL | None:
@@ -125,6 +166,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ggml_backend_dev_type": ([vp], ctypes.c_int),
         "ggml_backend_dev_backend_reg": ([vp], vp),
         "ggml_backend_reg_name": ([vp], ctypes.c_char_p),
+        "ggml_backend_dev_by_type": ([ctypes.c_int], vp),
     }
     for name, (argtypes, restype) in prototypes.items():
         fn = getattr(lib, name)
@@ -137,8 +179,9 @@ def _enumerate(lib: ctypes.CDLL) -> list[DeviceInfo]:
     # llama_supports_gpu_offload() does it.
     if lib.ggml_backend_reg_count() == 0:
         lib.ggml_backend_load_all()
-    gpus: list[tuple[str, int]] = []
-    igpus: list[tuple[str, int]] = []
+    rpc: list[tuple[str, int, str]] = []
+    gpus: list[tuple[str, int, str]] = []
+    igpus: list[tuple[str, int, str]] = []
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
         kind = _GPU_TYPES.get(lib.ggml_backend_dev_type(dev)) if dev else None
@@ -146,27 +189,29 @@ def _enumerate(lib: ctypes.CDLL) -> list[DeviceInfo]:
             continue
         reg = lib.ggml_backend_dev_backend_reg(dev)
         backend = _text(lib.ggml_backend_reg_name(reg)) if reg else ""
-        if backend == "RPC":  # remote servers are not this machine's memory
-            continue
-        (gpus if kind == "GPU" else igpus).append((backend, dev))
+        if backend.startswith("RPC"):
+            rpc.append((backend, dev, "RPC"))
+        else:
+            (gpus if kind == "GPU" else igpus).append((backend, dev, kind))
     # Mirror llama.cpp's default device list so our indices match its main_gpu/tensor_split:
-    # integrated GPUs are used only when there is no discrete one, and only of one backend.
-    chosen = gpus or [d for d in igpus if d[0] == igpus[0][0]]
-    kind = "GPU" if gpus else "IGPU"
-    return [_describe(lib, index, dev, backend, kind) for index, (backend, dev) in enumerate(chosen)]
+    # RPC devices first; integrated GPUs only when there is no discrete one, of one backend.
+    chosen = rpc + (gpus or [d for d in igpus if d[0] == igpus[0][0]])
+    return [_describe(lib, index, dev, backend, kind) for index, (backend, dev, kind) in enumerate(chosen)]
 
 
 def _describe(lib: ctypes.CDLL, index: int, dev: int, backend: str, kind: str) -> DeviceInfo:
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
     lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    description = _text(lib.ggml_backend_dev_description(dev))
     return DeviceInfo(
         index=index,
         name=_text(lib.ggml_backend_dev_name(dev)),
-        description=_text(lib.ggml_backend_dev_description(dev)),
-        backend=backend,
+        description=description,
+        backend="RPC" if kind == "RPC" else backend,
         kind=kind,
         free_bytes=int(free.value),
         total_bytes=int(total.value),
+        endpoint=description if kind == "RPC" else "",  # ggml describes an RPC device by its endpoint
     )
 
 

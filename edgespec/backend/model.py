@@ -40,10 +40,25 @@ _verbose = False
 EXACT_MAX_BATCH = 7
 
 
+_native_backtraces = False
+_abort_callback = None
+
+
 def set_verbose(verbose: bool) -> None:
     """Let llama.cpp's own log through to stderr (off by default: it is noise for users)."""
     global _verbose
     _verbose = verbose
+
+
+def set_native_backtraces(on: bool) -> None:
+    """--debug: let ggml abort the way it does by default, with its native backtrace."""
+    global _native_backtraces
+    _native_backtraces = on
+
+
+def ensure_backend():
+    """llama.cpp initialised, with our log and abort handlers: what any caller needs first."""
+    return _llama()
 
 
 def _ensure_backend(llama_cpp) -> None:
@@ -59,7 +74,37 @@ def _ensure_backend(llama_cpp) -> None:
     _log_callback = _log  # keep a reference: C holds only the pointer
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
+    if not _native_backtraces:
+        _install_abort_handler(llama_cpp)
     _backend_ready = True
+
+
+def abort_message(text: str) -> str:
+    """The one line a user sees when ggml gives up (it would abort with a gdb backtrace)."""
+    if "RPC server" in text:
+        return (f"an RPC server went away or answered garbage mid-run ({text.split(': ', 1)[-1]}); "
+                "restart `edgespec rpc-server` there and run again")
+    return f"llama.cpp stopped: {text}"
+
+
+def _install_abort_handler(llama_cpp) -> None:
+    # GGML_ABORT cannot be recovered from (abort() follows the callback), but it can end the
+    # process with one line and BackendError's exit code instead of a core dump and a backtrace.
+    global _abort_callback
+    lib = getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None)
+    setter = getattr(lib, "ggml_set_abort_callback", None) if lib is not None else None
+    if setter is None:
+        return
+    prototype = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+    def _on_abort(message):  # pragma: no cover - runs in the aborting process
+        text = message.decode("utf-8", "replace") if message else "unknown error"
+        os.write(2, f"\nerror: {abort_message(text)}\n".encode())
+        os._exit(BackendError.exit_code)
+
+    _abort_callback = prototype(_on_abort)
+    setter.argtypes, setter.restype = [prototype], ctypes.c_void_p
+    setter(_abort_callback)
 
 
 @dataclass(frozen=True)
@@ -166,8 +211,10 @@ class LlamaModel:
         self._mem = lc.llama_get_memory(ctx)
         self._batch = lc.llama_batch_init(p.n_batch, 0, 1)
         self._row_bytes = self.n_vocab * 4
-        # The largest batch whose rows match single-token decoding exactly (None: no limit known).
-        self.max_exact_batch = None if p.fast or p.n_gpu_layers else EXACT_MAX_BATCH
+        # The largest batch whose rows match single-token decoding exactly (None: no limit).
+        # Also kept with layers offloaded: RPC servers run these same CPU kernels, and CUDA
+        # switches from its MMVQ to its MMQ kernels above 8 rows.
+        self.max_exact_batch = None if p.fast else EXACT_MAX_BATCH
 
     def close(self) -> None:
         lc = self._lc
@@ -262,6 +309,10 @@ class LlamaModel:
             # ask llama.cpp what the cache really holds so the mirror never lies.
             self._resync(self.tokens[:base] + list(tokens))
             raise
+        if not want:
+            # GPU and RPC backends return from llama_decode before the work is done; reading
+            # logits waits for it, a prefill reads none: wait here so its timing is honest.
+            self._lc.llama_synchronize(self._ctx)
         return self._rows([i for i in logits_for], len(tokens))
 
     def _decode_chunk(self, chunk: Sequence[int], outputs: list[bool]) -> None:

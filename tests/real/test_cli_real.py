@@ -83,7 +83,9 @@ def test_stop_string():
         (("prompt", "hi", "-m", TARGET, "-md", SMALL, "--spec", "draft"), None, "cannot draft for", 6),
         (("prompt", "hi", "--spec", "sideways"), None, "Invalid value", 2),
         (("profile", "--rpc", "nonsense", "--no-measure"), None, "--rpc takes host:port", 2),
-        (("profile", "--rpc", "127.0.0.1:50052", "--no-measure"), None, "no RPC support", 2),
+        (("profile", "--rpc", "127.0.0.1:1", "--no-measure"), None, "cannot use RPC server 127.0.0.1:1", 2),
+        (("prompt", "hi", "-m", SMALL, "--rpc", "127.0.0.1:1"), None, "edgespec rpc-server", 2),
+        (("rpc-server", "--port", "0"), None, "Invalid value", 2),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(args, input, message, code):
