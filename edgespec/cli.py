@@ -100,9 +100,10 @@ def open_engine(kw, spec: SpecConfig, *, quiet: bool = False):
     from .session import open_engine as _open, resolve
 
     err = stderr_console()
-    resolved = resolve(load_config(kw, spec), spec, progress=RichProgress(err))
+    resolved = resolve(load_config(kw, spec), spec, progress=RichProgress(err),
+                       kernels="fast" if kw["fast_kernels"] else "exact")
     if not quiet:
-        for w in resolved.plan.warnings:
+        for w in resolved.plan.warnings + resolved.warnings:
             err.print(f"[yellow]warning:[/] {w}")
     return resolved, _open(resolved, spec, exact=not kw["fast_kernels"])
 

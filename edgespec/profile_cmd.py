@@ -35,9 +35,12 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: Spe
             out.print(f"[yellow]warning:[/] {w}")
     data = {"models": {"target": resolved.choice.target, "draft": resolved.choice.draft}, "plan": plan.to_json()}
     if measure:
-        m = _measure(resolved, plan, quiet=as_json, exact=not kw["fast_kernels"])
+        kernels = "fast" if kw["fast_kernels"] else "exact"
+        m = _measure(resolved, plan, quiet=as_json, exact=kernels == "exact")
+        # Costs are kept per kernel kind: measuring one must not erase the other's.
+        data["costs"] = {**profile_store.saved_costs(resolved.profile), kernels: m["cost"]}
         data["cost"] = m["cost"]
-        data["kernels"] = "fast" if kw["fast_kernels"] else "exact"
+        data["kernels"] = kernels
         data["measurement"] = m
         result["measurement"] = m
         if not as_json:
@@ -66,7 +69,8 @@ def _plan(kw: dict, spec: SpecConfig):
 
     # Profiling always considers the draft model, whatever --spec says, so the verdict is measured.
     spec_for_models = SpecConfig(mode="draft") if spec.mode in ("off", "ngram") else spec
-    resolved = resolve(load_config(kw, spec_for_models), spec_for_models, progress=RichProgress(stderr_console()))
+    resolved = resolve(load_config(kw, spec_for_models), spec_for_models, progress=RichProgress(stderr_console()),
+                       kernels="fast" if kw["fast_kernels"] else "exact")
     return resolved, resolved.plan
 
 

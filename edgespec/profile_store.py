@@ -110,3 +110,13 @@ def latest_profile() -> dict[str, Any] | None:
         if best is None or str(record.get("created", "")) > str(best.get("created", "")):
             best = record
     return None if best is None else {**best, "warnings": warnings}
+
+
+def saved_costs(profile: dict | None) -> dict:
+    """{kernels: cost} of a saved profile record, also from records older than "costs"."""
+    data = (profile or {}).get("data", {})
+    if isinstance(data.get("costs"), dict):
+        return dict(data["costs"])
+    if "cost" in data:
+        return {data.get("kernels", "exact"): data["cost"]}
+    return {}

@@ -61,9 +61,11 @@ class Resolved:
     cost: CostModel | None
     profile: dict | None
     rpc: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
-def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: HardwareInfo | None = None) -> Resolved:
+def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: HardwareInfo | None = None,
+            kernels: str = "exact") -> Resolved:
     choice = ModelChoice(load.target, load.draft if spec.uses_draft_model else None)
     target_path = models.resolve(choice.target, progress=progress)
     draft_path = models.resolve(choice.draft, progress=progress) if choice.draft else None
@@ -88,8 +90,20 @@ def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: Hard
     if saved is None and draft_path is not None:
         # A profile measured without the draft still knows the target's verify costs.
         saved = profile_store.load_profile(hw, profile_key(target_path), None)
-    cost = CostModel.from_json(saved["data"]["cost"]) if saved and "cost" in saved.get("data", {}) else None
-    return Resolved(choice, target_path, draft_path, hw, plan, cost, saved, load.rpc)
+    cost, warnings = _cost(saved, kernels)
+    return Resolved(choice, target_path, draft_path, hw, plan, cost, saved, load.rpc, warnings)
+
+
+def _cost(saved: dict | None, kernels: str) -> tuple[CostModel | None, tuple[str, ...]]:
+    """The measured costs for the kernels in use: exact and fast kernels price batches differently."""
+    costs = profile_store.saved_costs(saved)
+    if kernels in costs:
+        return CostModel.from_json(costs[kernels]), ()
+    if costs:
+        flag = " --fast-kernels" if kernels == "fast" else ""
+        return None, (f"the saved profile was measured with {', '.join(costs)} kernels, not {kernels}: "
+                      f"auto uses estimated costs until `edgespec profile{flag}` measures these",)
+    return None, ()
 
 
 def load_params(place: ModelPlacement, plan: Plan) -> LoadParams:

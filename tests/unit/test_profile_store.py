@@ -104,3 +104,20 @@ def test_unwritable_home_is_a_clear_error(home, monkeypatch):
     monkeypatch.setenv("EDGESPEC_HOME", str(blocker))
     with pytest.raises(EdgespecError, match="EDGESPEC_HOME"):
         profile_store.save_profile(DATA, hw=HW, target_sha_or_name="t", draft=None)
+
+
+def test_costs_are_kept_per_kernel_kind():
+    from edgespec.profile_store import saved_costs
+    from edgespec.session import _cost
+
+    exact = {"t1_ms": 35.7, "verify": [1.0, 2.0]}
+    old_record = {"data": {"cost": exact}}  # before "costs": measured with exact kernels
+    assert saved_costs(old_record) == {"exact": exact}
+    assert saved_costs({"data": {"cost": exact, "kernels": "fast"}}) == {"fast": exact}
+    assert saved_costs(None) == {} and saved_costs({"data": {}}) == {}
+    both = {"data": {"costs": {"exact": exact, "fast": {"t1_ms": 30.0}}}}
+    assert saved_costs(both)["fast"] == {"t1_ms": 30.0}
+    # a run with fast kernels and only an exact profile gets estimated costs and says why
+    cost, warnings = _cost(old_record, "fast")
+    assert cost is None and "edgespec profile --fast-kernels" in warnings[0]
+    assert _cost(None, "fast") == (None, ())
