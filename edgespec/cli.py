@@ -12,7 +12,7 @@ import click
 
 from . import __version__
 from .config import KV_TYPES, SPEC_MODES, LoadConfig, SpecConfig, parse_rpc
-from .errors import EdgespecError, InputError
+from .errors import ConfigError, EdgespecError, InputError
 from .sampling import SamplingConfig
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -313,7 +313,9 @@ def rpc_server(host, port, threads, cache, use_cpu):
     from .render import stderr_console
 
     err = stderr_console()
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if ":" in host:
+        raise ConfigError(f"--host {host}: llama.cpp's RPC takes IPv4 addresses or host names, not IPv6")
+    if host not in ("127.0.0.1", "localhost"):
         err.print(f"[yellow]warning:[/] serving on {host}: anyone who can reach port {port} can use this machine's memory and compute")
     cache_dir = None
     if cache:
@@ -321,19 +323,13 @@ def rpc_server(host, port, threads, cache, use_cpu):
         cache_dir.mkdir(parents=True, exist_ok=True)
     err.print(f"edgespec rpc-server on {host}:{port}; on the other machine: [bold]edgespec prompt --rpc {host}:{port} ...[/]  (Ctrl-C stops)")
     try:
-        rpc.serve(host, port, threads or _physical_cores(), str(cache_dir) if cache_dir else None, use_cpu)
+        rpc.serve(host, port, threads, str(cache_dir) if cache_dir else None, use_cpu)
     except KeyboardInterrupt:
         err.print("rpc-server stopped")
         # The serving thread is inside a C call that never returns: leave without finalizing.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-
-def _physical_cores() -> int:
-    import psutil
-
-    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
 def _register_optional_commands() -> None:

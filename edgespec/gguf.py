@@ -397,6 +397,12 @@ class _Cursor:
 _VOCAB_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")
 
 
+# One start reads each model's header up to three times (resolve, plan, vocabulary check): keep
+# what was parsed, keyed by the file's identity and mtime so a replaced file is read afresh.
+_CACHE: dict[tuple, GGUFInfo] = {}
+_CACHE_MAX = 16
+
+
 def read_gguf(path, *, vocab: bool = False) -> GGUFInfo:
     """Read a GGUF file's header, metadata and tensor table.
 
@@ -406,11 +412,19 @@ def read_gguf(path, *, vocab: bool = False) -> GGUFInfo:
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < 4:
-                raise ModelFileError(f"{path}: not a GGUF file (only {size} bytes)")
+            st = os.fstat(f.fileno())
+            key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            cached = _CACHE.get(key + (True,)) or _CACHE.get(key + (vocab,))
+            if cached is not None:
+                return cached
+            if st.st_size < 4:
+                raise ModelFileError(f"{path}: not a GGUF file (only {st.st_size} bytes)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                return _parse(path, buf, size, vocab)
+                info = _parse(path, buf, st.st_size, vocab)
+            if len(_CACHE) >= _CACHE_MAX:
+                _CACHE.clear()
+            _CACHE[key + (vocab,)] = info
+            return info
     except FileNotFoundError:
         raise ModelNotFoundError(f"no such file: {path}") from None
     except IsADirectoryError:

@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendError, ContextError, ModelFileError
+from . import devices
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
@@ -75,7 +76,7 @@ def _ensure_backend(llama_cpp) -> None:
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
     if not _native_backtraces:
-        _install_abort_handler(llama_cpp)
+        _install_abort_handler()
     _backend_ready = True
 
 
@@ -87,11 +88,11 @@ def abort_message(text: str) -> str:
     return f"llama.cpp stopped: {text}"
 
 
-def _install_abort_handler(llama_cpp) -> None:
+def _install_abort_handler() -> None:
     # GGML_ABORT cannot be recovered from (abort() follows the callback), but it can end the
     # process with one line and BackendError's exit code instead of a core dump and a backtrace.
     global _abort_callback
-    lib = getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None)
+    lib = devices.ggml_lib()
     setter = getattr(lib, "ggml_set_abort_callback", None) if lib is not None else None
     if setter is None:
         return
@@ -135,7 +136,7 @@ class LoadParams:
                 )
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
     try:
         import psutil
 
@@ -192,7 +193,7 @@ class LlamaModel:
         cp.n_ctx = p.n_ctx
         cp.n_batch = p.n_batch
         cp.n_ubatch = p.n_batch
-        threads = p.n_threads or _default_threads()
+        threads = p.n_threads or default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = p.n_threads_batch or threads
         cp.type_k = KV_TYPES[p.type_k]

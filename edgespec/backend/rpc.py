@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..errors import BackendError, InputError
 from . import devices
-from .model import ensure_backend
+from .model import default_threads, ensure_backend
 
 # ggml-rpc.h / ggml-rpc.cpp as vendored by llama-cpp-python 0.3.36
 PROTO_MAJOR, PROTO_MINOR = 7, 0
@@ -25,7 +25,6 @@ CONN_CAPS_SIZE = 24
 PROBE_TIMEOUT_S = 5.0
 
 _registered: set[str] = set()
-_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -104,23 +103,21 @@ def connect(endpoints: tuple[str, ...]) -> list[ServerInfo]:
         )
     infos = [probe(e) for e in endpoints]
     ensure_backend()  # its abort handler turns a server lost mid-run into one line
-    with _lock:
-        api = _api()
-        for info in infos:
-            if info.endpoint in _registered:
-                continue
-            reg = api.add_server(info.endpoint.encode())
-            if not reg:
-                raise BackendError(f"llama.cpp could not add RPC server {info.endpoint}")
-            api.lib.ggml_backend_register(reg)
-            _registered.add(info.endpoint)
+    api = _api()
+    for info in infos:
+        if info.endpoint in _registered:
+            continue
+        reg = api.add_server(info.endpoint.encode())
+        if not reg:
+            raise BackendError(f"llama.cpp could not add RPC server {info.endpoint}")
+        api.lib.ggml_backend_register(reg)
+        _registered.add(info.endpoint)
     return infos
 
 
 @dataclass
 class _Api:
     lib: ctypes.CDLL
-    reg: int
     add_server: ctypes._CFuncPtr
     start_server: ctypes._CFuncPtr
 
@@ -148,7 +145,7 @@ def _api() -> _Api:
     start = proc(b"ggml_backend_rpc_start_server",
                  ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                   ctypes.c_size_t, ctypes.POINTER(vp)))
-    return _Api(lib, reg, add, start)
+    return _Api(lib, add, start)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -164,7 +161,7 @@ def check_port_free(host: str, port: int) -> None:
         raise InputError(f"rpc-server: cannot listen on {host}:{port} ({err.strerror})") from None
 
 
-def serve(host: str, port: int, threads: int, cache_dir: str | None, use_cpu: bool) -> None:
+def serve(host: str, port: int, threads: int | None, cache_dir: str | None, use_cpu: bool) -> None:
     """Serve this machine's devices until the process ends (blocks; ggml prints its banner).
 
     The C call never returns while serving, so it runs on a daemon thread and the main thread
@@ -175,11 +172,13 @@ def serve(host: str, port: int, threads: int, cache_dir: str | None, use_cpu: bo
     ensure_backend()
     api = _api()
     chosen = devices.serving_devices(use_cpu)
+    if not chosen:
+        raise BackendError("rpc-server: llama.cpp lists no device to serve in this build")
     array = (ctypes.c_void_p * len(chosen))(*chosen)
     endpoint = f"{host}:{port}".encode()
     cache = cache_dir.encode() if cache_dir else None
     thread = threading.Thread(
-        target=api.start_server, args=(endpoint, cache, threads, len(chosen), array), daemon=True
+        target=api.start_server, args=(endpoint, cache, threads or default_threads(), len(chosen), array), daemon=True
     )
     thread.start()
     while thread.is_alive():

@@ -86,6 +86,7 @@ def test_stop_string():
         (("profile", "--rpc", "127.0.0.1:1", "--no-measure"), None, "cannot use RPC server 127.0.0.1:1", 2),
         (("prompt", "hi", "-m", SMALL, "--rpc", "127.0.0.1:1"), None, "edgespec rpc-server", 2),
         (("rpc-server", "--port", "0"), None, "Invalid value", 2),
+        (("rpc-server", "--host", "::1"), None, "not IPv6", 2),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(args, input, message, code):

@@ -135,6 +135,16 @@ def test_good_file_parses(write):
     assert info.tensor("blk.0.attn_q.weight").shape == (256, 256)
 
 
+def test_headers_are_read_once_per_file_version(write):
+    path = write(build(model_kvs(), TENSORS))
+    with_vocab = read_gguf(path, vocab=True)
+    assert read_gguf(path) is with_vocab and read_gguf(path, vocab=True) is with_vocab
+    # the file replaced (a new pull, a truncation): read again, never the stale parse
+    path.write_bytes(build(model_kvs(), TENSORS)[:200])
+    with pytest.raises(ModelFileError):
+        read_gguf(path)
+
+
 def test_vocab(write):
     info = read_gguf(write(build(model_kvs(), TENSORS)), vocab=True)
     v = info.vocab
