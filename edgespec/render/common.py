@@ -98,7 +98,10 @@ def hardware_table(hw) -> Table:
     t.add_row("cpu", f"{hw.cpu_model} ({hw.physical_cores} cores / {hw.logical_cores} threads)")
     t.add_row("cpu features", " ".join(hw.cpu_features) or "-")
     t.add_row("ram", f"{human_bytes(hw.ram_total)} total, {human_bytes(hw.ram_available)} available, swap {human_bytes(hw.swap_total)}")
-    gpus = "; ".join(f"{g.label} {g.name} {human_bytes(g.free_bytes)} free / {human_bytes(g.total_bytes)}" for g in hw.gpus)
+    gpus = "; ".join(
+        f"{g.label} {'(remote)' if g.remote else g.name} {human_bytes(g.free_bytes)} free / {human_bytes(g.total_bytes)}"
+        for g in hw.gpus
+    )
     t.add_row("gpus", gpus or "none")
     t.add_row("gpu offload in this build", "yes" if hw.gpu_offload_supported else "no")
     t.add_row("rpc in this build", "yes" if hw.rpc_supported else "no")
