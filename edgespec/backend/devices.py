@@ -59,7 +59,7 @@ def supports_gpu_offload() -> bool:
     if api is None:  # cannot list devices: trust llama.cpp unless RPC alone explains its yes
         return not supports_rpc()
     try:
-        return any(d.kind != "RPC" for d in _enumerate(api))
+        return any(kind != "RPC" for _, _, kind in _listed(api))  # no memory query: no network
     except Exception:
         return False
 
@@ -128,19 +128,11 @@ def serving_devices(use_cpu: bool) -> list[int]:
     api = _ggml_api()
     if api is None:
         return []
-    gpus = [] if use_cpu else [_device_handle(api, d) for d in _enumerate(api) if d.kind != "RPC"]
+    gpus = [] if use_cpu else [dev for _, dev, kind in _listed(api) if kind != "RPC"]
     if gpus:
         return gpus
     cpu = api.ggml_backend_dev_by_type(_DEV_TYPE_CPU)
     return [cpu] if cpu else []
-
-
-def _device_handle(api: ctypes.CDLL, info: DeviceInfo) -> int:
-    for i in range(api.ggml_backend_dev_count()):
-        dev = api.ggml_backend_dev_get(i)
-        if _text(api.ggml_backend_dev_name(dev)) == info.name:
-            return dev
-    raise LookupError(info.name)
 
 
 def _ggml_api() -> ctypes.CDLL | None:
@@ -175,8 +167,14 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 def _enumerate(lib: ctypes.CDLL) -> list[DeviceInfo]:
-    # Builds with dynamically loaded backends register nothing until asked, exactly as
-    # llama_supports_gpu_offload() does it.
+    return [_describe(lib, index, dev, backend, kind) for index, (backend, dev, kind) in enumerate(_listed(lib))]
+
+
+def _listed(lib: ctypes.CDLL) -> list[tuple[str, int, str]]:
+    """(backend, handle, kind) of each device in llama.cpp's default order, not yet queried.
+
+    Builds with dynamically loaded backends register nothing until asked, exactly as
+    llama_supports_gpu_offload() does it."""
     if lib.ggml_backend_reg_count() == 0:
         lib.ggml_backend_load_all()
     rpc: list[tuple[str, int, str]] = []
@@ -195,8 +193,7 @@ def _enumerate(lib: ctypes.CDLL) -> list[DeviceInfo]:
             (gpus if kind == "GPU" else igpus).append((backend, dev, kind))
     # Mirror llama.cpp's default device list so our indices match its main_gpu/tensor_split:
     # RPC devices first; integrated GPUs only when there is no discrete one, of one backend.
-    chosen = rpc + (gpus or [d for d in igpus if d[0] == igpus[0][0]])
-    return [_describe(lib, index, dev, backend, kind) for index, (backend, dev, kind) in enumerate(chosen)]
+    return rpc + (gpus or [d for d in igpus if d[0] == igpus[0][0]])
 
 
 def _describe(lib: ctypes.CDLL, index: int, dev: int, backend: str, kind: str) -> DeviceInfo:
