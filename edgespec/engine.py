@@ -30,7 +30,7 @@ class EngineConfig:
     draft_params: LoadParams | None = None
     spec: SpecConfig = SpecConfig()
     cost: CostModel | None = None  # measured by `edgespec profile`; None: a CPU-shaped prior
-    exact: bool = True  # batch-invariant target kernels: greedy output identical to plain decoding
+    exact: bool = False  # True: batch-invariant target kernels, greedy output identical to plain decoding
 
 
 def check_compatible(target_path: Path, draft_path: Path) -> None:
@@ -121,7 +121,7 @@ class Engine:
             self._controller = self._new_controller(mode, learn_timing=True)
         return self._controller
 
-    def decoder(self, sampling: SamplingConfig, mode: str | None = None) -> SpeculativeDecoder:
+    def decoder(self, sampling: SamplingConfig, mode: str | None = None, *, record_margins: bool = False) -> SpeculativeDecoder:
         spec = self.spec if mode is None else replace(self.spec, mode=mode)
         drafter = None
         if self.draft is not None and spec.mode in ("draft", "combined", "auto"):
@@ -131,7 +131,8 @@ class Engine:
             raise InputError("--spec draft needs a draft model: pass -md/--model-draft or --pair")
         settings = SpecSettings(mode=spec.mode, draft_min=spec.draft_min, draft_max=spec.draft_max)
         ctl = self.controller(sampling, spec.mode)
-        return SpeculativeDecoder(self.target, sampling, ctl, settings, ngram=ngram, drafter=drafter)
+        return SpeculativeDecoder(self.target, sampling, ctl, settings, ngram=ngram, drafter=drafter,
+                                  record_margins=record_margins)
 
     def stream(
         self,

@@ -65,7 +65,7 @@ class Resolved:
 
 
 def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: HardwareInfo | None = None,
-            kernels: str = "exact") -> Resolved:
+            kernels: str = "fast") -> Resolved:
     choice = ModelChoice(load.target, load.draft if spec.uses_draft_model else None)
     target_path = models.resolve(choice.target, progress=progress)
     draft_path = models.resolve(choice.draft, progress=progress) if choice.draft else None
@@ -100,7 +100,7 @@ def _cost(saved: dict | None, kernels: str) -> tuple[CostModel | None, tuple[str
     if kernels in costs:
         return CostModel.from_json(costs[kernels]), ()
     if costs:
-        flag = " --fast-kernels" if kernels == "fast" else ""
+        flag = " --exact" if kernels == "exact" else ""
         return None, (f"the saved profile was measured with {', '.join(costs)} kernels, not {kernels}: "
                       f"auto uses estimated costs until `edgespec profile{flag}` measures these",)
     return None, ()
@@ -119,7 +119,7 @@ def load_params(place: ModelPlacement, plan: Plan) -> LoadParams:
     )
 
 
-def open_engine(resolved: Resolved, spec: SpecConfig, *, exact: bool = True) -> Engine:
+def open_engine(resolved: Resolved, spec: SpecConfig, *, exact: bool = False) -> Engine:
     plan = resolved.plan
     config = EngineConfig(
         target_path=resolved.target_path,

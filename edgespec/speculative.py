@@ -201,6 +201,12 @@ _SOFTMAX = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 
 
 # ---- verification -----------------------------------------------------------------------------
+def top2_margin(row: np.ndarray) -> float:
+    """Top-1 minus top-2 logit: how near a tie the greedy choice in this row was."""
+    top2 = np.partition(row, -2)[-2:]
+    return float(top2[1] - top2[0])
+
+
 def verify_greedy(draft: Sequence[int], logits: np.ndarray) -> tuple[int, int]:
     """Accept while the target's argmax matches; return (n_accepted, the target's next token)."""
     best = np.argmax(logits, axis=1)
@@ -258,6 +264,9 @@ class LoopStats:
     sources: list[str] = field(default_factory=list)
     start: float = 0.0
     finish_reason: str | None = None
+    # With record_margins: per emitted token, the target's top-1 minus top-2 logit in the row that
+    # chose it (how close a call it was; bench --verify judges divergences by it).
+    margins: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -281,8 +290,10 @@ class SpeculativeDecoder:
         *,
         ngram: NgramDrafter | None = None,
         drafter: ModelDrafter | None = None,
+        record_margins: bool = False,
     ):
         self.target = target
+        self.record_margins = record_margins
         self.sampling = sampling
         self.controller = controller
         self.settings = settings
@@ -360,6 +371,8 @@ class SpeculativeDecoder:
         assert logits.shape[0] == len(draft.tokens) + 1, "one logits row per drafted token, plus one"
         n_acc, nxt = self._verify(ctx, draft, logits)
         t2 = time.perf_counter()
+        if self.record_margins:
+            self.stats.margins.extend(top2_margin(logits[i]) for i in range(n_acc + 1))
         self.target.trim(base + 1 + n_acc)
         if draft.tokens:
             self.controller.observe(draft.key, len(draft.tokens), n_acc)

@@ -37,7 +37,8 @@ def pair_engine(model_path):
     from edgespec.engine import Engine, EngineConfig
 
     params = LoadParams(n_ctx=4096, n_threads=2)
-    cfg = EngineConfig(model_path(TARGET), params, model_path(DRAFT), params, spec=SpecConfig(mode="auto"))
+    # exact: the equality tests compare speculative with plain decoding token for token
+    cfg = EngineConfig(model_path(TARGET), params, model_path(DRAFT), params, spec=SpecConfig(mode="auto"), exact=True)
     engine = Engine(cfg)
     yield engine
     engine.close()

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from edgespec.cli import cli
+from edgespec.commands import cli
 
 pytestmark = pytest.mark.real
 
@@ -29,7 +29,7 @@ METRICS = ("tokens", "tokens_per_s", "speedup", "acceptance_rate", "mean_accepte
 def test_bench_default_pair_verify_json(tmp_path):
     f = tmp_path / "tiny.jsonl"
     f.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    args = ["bench", "--prompts", str(f), "--max-tokens", "24", "--modes", ",".join(MODES), "--verify", "--json",
+    args = ["bench", "--prompts", str(f), "--max-tokens", "24", "--modes", ",".join(MODES), "--verify", "--exact", "--json",
             "-q", "-t", "2"]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, (r.stdout, r.stderr, r.exception)

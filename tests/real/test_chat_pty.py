@@ -22,7 +22,7 @@ TURN_TIMEOUT = 120
 
 def spawn(*args: str):
     child = pexpect.spawn(
-        sys.executable, ["-c", "from edgespec.cli import main; main()", "chat", *args], encoding="utf-8", timeout=TURN_TIMEOUT, dimensions=(50, 200)
+        sys.executable, ["-c", "from edgespec.commands import main; main()", "chat", *args], encoding="utf-8", timeout=TURN_TIMEOUT, dimensions=(50, 200)
     )
     child.expect_exact(PROMPT, timeout=LOAD_TIMEOUT)
     return child

@@ -10,7 +10,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from edgespec.cli import cli
+from edgespec.commands import cli
 
 from .conftest import DRAFT, SMALL, TARGET
 
@@ -18,7 +18,7 @@ from .conftest import DRAFT, SMALL, TARGET
 def run_cli(*args, input=None):
     """The real entry point (with its error boundary) in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-c", "from edgespec.cli import main; main()", *args],
+        [sys.executable, "-c", "from edgespec.commands import main; main()", *args],
         input=input,
         capture_output=True,
         timeout=600,

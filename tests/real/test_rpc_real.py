@@ -20,7 +20,7 @@ from edgespec.errors import InputError
 from .conftest import DRAFT, TARGET
 from .test_cli_real import run_cli
 
-ENTRY = [sys.executable, "-c", "from edgespec.cli import main; main()"]
+ENTRY = [sys.executable, "-c", "from edgespec.commands import main; main()"]
 EDIT = (
     "Rename the variable `total` to `acc` everywhere and return the whole code.\n\n```python\n"
     "def summarize(values):\n    total = 0\n    for v in values:\n        total += v\n"
@@ -62,7 +62,7 @@ def server(model_path):
 
 
 def _prompt(*args):
-    r = run_cli("prompt", EDIT, "-n", "70", "-t", "2", "--temperature", "0", *args)
+    r = run_cli("prompt", EDIT, "-n", "70", "-t", "2", "--temperature", "0", "--exact", *args)
     assert r.returncode == 0, r.stderr.decode()
     return r.stdout.decode(), r.stderr.decode()
 

@@ -309,7 +309,7 @@ def test_table_renders_categories_overall_and_verify():
 
 
 def test_cli_reports_a_malformed_prompt_file_in_one_line(tmp_path, capsys):
-    from edgespec.cli import main
+    from edgespec.commands import main
 
     f = tmp_path / "p.jsonl"
     f.write_text('{"id": "a", "category": "c", "prompt": "p"}\n{"id": "b", "category": "c"}\n')
@@ -326,7 +326,7 @@ def test_cli_reports_a_malformed_prompt_file_in_one_line(tmp_path, capsys):
 def test_cli_has_no_spec_flag():
     from click.testing import CliRunner
 
-    from edgespec.cli import cli
+    from edgespec.commands import cli
 
     r = CliRunner().invoke(cli, ["bench", "--help"])
     assert r.exit_code == 0 and "--modes" in r.output and "--spec " not in r.output

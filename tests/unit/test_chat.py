@@ -8,7 +8,7 @@ import time
 import pytest
 
 from edgespec.chat import ChatMessage, ChatSession, Notice
-from edgespec.chat_cmd import CONTINUATION, PROMPT, LineAssembler, is_command, run_repl, soft_sigint
+from edgespec.commands.chat import CONTINUATION, PROMPT, LineAssembler, is_command, run_repl, soft_sigint
 from edgespec.errors import ContextError, InputError
 from edgespec.generate import Chunk, Final, stream
 from edgespec.speculative import LoopStats, TokenEvent

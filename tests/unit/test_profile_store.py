@@ -119,5 +119,8 @@ def test_costs_are_kept_per_kernel_kind():
     assert saved_costs(both)["fast"] == {"t1_ms": 30.0}
     # a run with fast kernels and only an exact profile gets estimated costs and says why
     cost, warnings = _cost(old_record, "fast")
-    assert cost is None and "edgespec profile --fast-kernels" in warnings[0]
+    assert cost is None and "`edgespec profile`" in warnings[0]
+    # and an --exact run with only fast costs is told to measure with --exact
+    cost, warnings = _cost({"data": {"costs": {"fast": {"verify": {}}}}}, "exact")
+    assert cost is None and "`edgespec profile --exact`" in warnings[0]
     assert _cost(None, "fast") == (None, ())

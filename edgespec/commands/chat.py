@@ -11,10 +11,11 @@ from typing import Callable, Iterator, Protocol
 
 import click
 
-from .chat import BLOCK, ChatSession, Notice, SessionTotals
-from .cli import CONTEXT, cli, model_options, open_engine, sampling_config, sampling_options, spec_config
-from .errors import ContextError, EdgespecError, InputError
-from .generate import Chunk, Final, GenerationStats
+from ..chat import BLOCK, ChatSession, Notice, SessionTotals
+from .root import CONTEXT, cli
+from .options import model_options, open_engine, sampling_config, sampling_options, spec_config
+from ..errors import ContextError, EdgespecError, InputError
+from ..generate import Chunk, Final, GenerationStats
 
 PROMPT = "you> "
 CONTINUATION = "...> "
@@ -34,8 +35,8 @@ def chat(system, load_file, show_drafts, no_trim, quiet, **kw):
     Type /help inside for commands (/stats, /reset, /system, /save, /load, /exit) and multi-line
     input. Ctrl-C stops an answer, Ctrl-D leaves.
     """
-    from .render import stderr_console, stdout_console
-    from .render.chat import RichChatView, banner
+    from ..render import stderr_console, stdout_console
+    from ..render.chat import RichChatView, banner
 
     if kw["max_tokens"] < 1:
         raise InputError(f"--max-tokens must be >= 1 (got {kw['max_tokens']})")

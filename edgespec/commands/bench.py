@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from .cli import CONTEXT, cli, model_options, open_engine, spec_config
+from .root import CONTEXT, cli
+from .options import model_options, open_engine, spec_config
 
 
 @cli.command(context_settings=CONTEXT)
@@ -36,12 +37,12 @@ def bench(prompts_file, modes, categories, max_tokens, repeats, verify, temperat
     edgespec bench --modes off,ngram,auto --verify -t 2
     edgespec bench --prompts mine.jsonl --repeats 3 --json
     """
-    from . import bench as lib
-    from .config import SpecConfig
-    from .errors import InputError
-    from .render import stderr_console, stdout_console
-    from .render.bench import progress_line, render_results
-    from .sampling import SamplingConfig
+    from .. import bench as lib
+    from ..config import SpecConfig
+    from ..errors import InputError
+    from ..render import stderr_console, stdout_console
+    from ..render.bench import progress_line, render_results
+    from ..sampling import SamplingConfig
 
     mode_list = lib.parse_modes(modes)
     prompts = lib.filter_categories(lib.load_prompts(prompts_file), lib.split_list(categories))

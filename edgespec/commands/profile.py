@@ -1,4 +1,4 @@
-"""`edgespec profile`: detect, plan, measure, persist. Kept out of cli.py to keep that file about parsing."""
+"""`edgespec profile`: detect, plan, measure, persist."""
 
 from __future__ import annotations
 
@@ -6,13 +6,31 @@ import json
 
 import click
 
-from . import profile_store
-from .config import SpecConfig
-from .errors import InputError
+from .. import profile_store
+from ..config import SpecConfig
+from ..errors import InputError
+from .options import kernel_kind, model_options, spec_config
+from .root import CONTEXT, cli
+
+
+# ---- profile -----------------------------------------------------------------------------------
+@cli.command(context_settings=CONTEXT)
+@model_options
+@click.option("--measure/--no-measure", default=True, show_default=True, help="Time the models (a few seconds each).")
+@click.option("--show", is_flag=True, help="Print the saved profile and exit.")
+@click.option("--json", "as_json", is_flag=True)
+def profile(measure, show, as_json, **kw):
+    """Detect the hardware, plan the offload of target + draft, measure costs, save the profile.
+
+    prompt/chat/bench then use it automatically.
+    """
+    run_profile(kw, measure=measure, show=show, as_json=as_json, spec=spec_config(kw))
+
+
 
 def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: SpecConfig) -> None:
-    from .render import stdout_console
-    from .render.common import devices_table, hardware_table, measurement_tables, plan_table
+    from ..render import stdout_console
+    from ..render.common import devices_table, hardware_table, measurement_tables, plan_table
 
     out = stdout_console()
     if show:
@@ -35,7 +53,7 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: Spe
             out.print(f"[yellow]warning:[/] {w}")
     data = {"models": {"target": resolved.choice.target, "draft": resolved.choice.draft}, "plan": plan.to_json()}
     if measure:
-        kernels = "fast" if kw["fast_kernels"] else "exact"
+        kernels = kernel_kind(kw)
         m = _measure(resolved, plan, quiet=as_json, exact=kernels == "exact")
         # Costs are kept per kernel kind: measuring one must not erase the other's.
         data["costs"] = {**profile_store.saved_costs(resolved.profile), kernels: m["cost"]}
@@ -46,7 +64,7 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: Spe
         if not as_json:
             for table in measurement_tables(m):
                 out.print(table)
-    from .session import profile_key
+    from ..session import profile_key
 
     target_key = profile_key(resolved.target_path)
     draft_key = profile_key(resolved.draft_path) if resolved.draft_path else None
@@ -62,23 +80,23 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: Spe
 
 
 def _plan(kw: dict, spec: SpecConfig):
-    from .cli import load_config
-    from .render import stderr_console
-    from .render.common import RichProgress
-    from .session import resolve
+    from .options import load_config
+    from ..render import stderr_console
+    from ..render.common import RichProgress
+    from ..session import resolve
 
     # Profiling always considers the draft model, whatever --spec says, so the verdict is measured.
     spec_for_models = SpecConfig(mode="draft") if spec.mode in ("off", "ngram") else spec
     resolved = resolve(load_config(kw, spec_for_models), spec_for_models, progress=RichProgress(stderr_console()),
-                       kernels="fast" if kw["fast_kernels"] else "exact")
+                       kernels=kernel_kind(kw))
     return resolved, resolved.plan
 
 
 def _measure(resolved, plan, *, quiet: bool, exact: bool) -> dict:
-    from .measure import measure
-    from .models import NullProgress
-    from .render import stderr_console
-    from .render.common import StepProgress
+    from ..measure import measure
+    from ..models import NullProgress
+    from ..render import stderr_console
+    from ..render.common import StepProgress
 
     progress = NullProgress() if quiet else StepProgress(stderr_console())
     m = measure(resolved.target_path, resolved.draft_path, plan, progress=progress, exact=exact)
@@ -86,9 +104,9 @@ def _measure(resolved, plan, *, quiet: bool, exact: bool) -> dict:
 
 
 def _render_saved(out, saved: dict) -> None:
-    from .hardware import HardwareInfo
-    from .plan import Plan
-    from .render.common import hardware_table, measurement_tables, plan_table
+    from ..hardware import HardwareInfo
+    from ..plan import Plan
+    from ..render.common import hardware_table, measurement_tables, plan_table
 
     out.print(f"profile created {saved.get('created')} (edgespec {saved.get('edgespec_version')}, llama-cpp-python {saved.get('llama_cpp_version')})")
     out.print(f"target {saved.get('target')}, draft {saved.get('draft')}")

@@ -1,0 +1,50 @@
+"""`edgespec models list|pull`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import click
+
+from .root import CONTEXT, cli
+
+
+# ---- models ------------------------------------------------------------------------------------
+@cli.group(context_settings=CONTEXT)
+def models():
+    """List and download registry models (models.toml)."""
+
+
+@models.command("list", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True)
+def models_list(as_json):
+    """Registry models, their size, and whether they are cached."""
+    from .. import models as registry
+    from ..render import stdout_console
+    from ..render.common import models_table
+
+    rows = registry.list_models(registry.load_registry())
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(r) for r in rows]))
+        return
+    stdout_console().print(models_table(rows))
+
+
+@models.command("pull", context_settings=CONTEXT)
+@click.argument("names", nargs=-1, required=True)
+def models_pull(names):
+    """Download and verify NAMES (or a pair name, for both its models). Instant when cached."""
+    from .. import models as registry
+    from ..render import stderr_console
+    from ..render.common import RichProgress
+
+    reg = registry.load_registry()
+    wanted = []
+    for name in names:
+        wanted += list(reg.pairs[name]) if name in reg.pairs else [name]
+    for name in wanted:
+        path = registry.pull(name, RichProgress(stderr_console()), registry=reg)
+        click.echo(f"{name}: {path}")
+
+

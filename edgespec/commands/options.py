@@ -1,0 +1,106 @@
+"""Options shared by the commands, and how they become configs and a loaded engine."""
+
+from __future__ import annotations
+
+import click
+
+from ..config import KV_TYPES, SPEC_MODES, LoadConfig, SpecConfig, parse_rpc
+from ..sampling import SamplingConfig
+
+# ---- shared options ----------------------------------------------------------------------------
+def model_options(fn):
+    opts = [
+        click.option("-m", "--model", envvar="EDGESPEC_MODEL", help="Target model: registry name, path to .gguf, or hf:OWNER/REPO/FILE."),
+        click.option("-md", "--model-draft", envvar="EDGESPEC_MODEL_DRAFT", help="Draft model (same tokenizer as the target)."),
+        click.option("--pair", envvar="EDGESPEC_PAIR", help="A named target+draft pair from models.toml."),
+        click.option("--spec", "spec_mode", type=click.Choice(SPEC_MODES), default="auto", show_default=True, envvar="EDGESPEC_SPEC",
+                     help="Speculation: auto picks and switches drafters by measured cost; off is plain decoding."),
+        click.option("--draft-max", type=int, default=16, show_default=True, envvar="EDGESPEC_DRAFT_MAX", help="Most tokens drafted per round."),
+        click.option("--draft-min", type=int, default=1, show_default=True, envvar="EDGESPEC_DRAFT_MIN", help="Fewest tokens worth drafting."),
+        click.option("--draft-p-min", type=float, default=0.5, show_default=True, envvar="EDGESPEC_DRAFT_P_MIN",
+                     help="Stop drafting when the draft model's top probability falls below this."),
+        click.option("-c", "--ctx-size", type=int, envvar="EDGESPEC_CTX_SIZE", help="Context size in tokens (default: from the plan)."),
+        click.option("-t", "--threads", type=int, envvar="EDGESPEC_THREADS", help="CPU threads for the target (default: physical cores)."),
+        click.option("-td", "--threads-draft", type=int, envvar="EDGESPEC_THREADS_DRAFT", help="CPU threads for the draft."),
+        click.option("-ngl", "--n-gpu-layers", type=int, envvar="EDGESPEC_NGL", help="Target layers on the GPU (default: from the plan)."),
+        click.option("-ngld", "--n-gpu-layers-draft", type=int, envvar="EDGESPEC_NGLD", help="Draft layers on the GPU."),
+        click.option("-ctk", "--cache-type-k", type=click.Choice(KV_TYPES), default="f16", show_default=True, envvar="EDGESPEC_CTK"),
+        click.option("-ctv", "--cache-type-v", type=click.Choice(KV_TYPES), default="f16", show_default=True, envvar="EDGESPEC_CTV"),
+        click.option("--rpc", envvar="EDGESPEC_RPC", metavar="HOST:PORT,...",
+                     help="llama.cpp RPC servers (`edgespec rpc-server` there) whose devices take target layers."),
+        click.option("--exact", is_flag=True, envvar="EDGESPEC_EXACT",
+                     help="Batch-invariant kernels: greedy output identical to plain decoding token for token "
+                          "(slower: no weight repacking or flash attention, verify batches of at most 7 rows). "
+                          "Default: llama.cpp's fast kernels, where speculative output can differ from plain "
+                          "decoding only at near-ties."),
+        # The default since kernels went fast-by-default; kept so old scripts keep working.
+        click.option("--fast-kernels", is_flag=True, hidden=True, envvar="EDGESPEC_FAST_KERNELS"),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def sampling_options(fn):
+    opts = [
+        click.option("-n", "--max-tokens", type=int, default=512, show_default=True, envvar="EDGESPEC_MAX_TOKENS"),
+        click.option("--temperature", "--temp", type=float, default=0.0, show_default=True, envvar="EDGESPEC_TEMPERATURE",
+                     help="0 is greedy (output identical to plain decoding)."),
+        click.option("--top-k", type=int, default=40, show_default=True),
+        click.option("--top-p", type=float, default=0.95, show_default=True),
+        click.option("--min-p", type=float, default=0.05, show_default=True),
+        click.option("--repeat-penalty", type=float, default=1.0, show_default=True),
+        click.option("--seed", type=int, envvar="EDGESPEC_SEED", help="Seed for sampling (reproducible runs)."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable)."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def spec_config(kw) -> SpecConfig:
+    return SpecConfig(mode=kw["spec_mode"], draft_min=kw["draft_min"], draft_max=kw["draft_max"], draft_p_min=kw["draft_p_min"])
+
+
+def sampling_config(kw) -> SamplingConfig:
+    return SamplingConfig(
+        temperature=kw["temperature"], top_k=kw["top_k"], top_p=kw["top_p"], min_p=kw["min_p"],
+        repeat_penalty=kw["repeat_penalty"], seed=kw["seed"],
+    )
+
+
+def load_config(kw, spec: SpecConfig) -> LoadConfig:
+    from ..session import choose_models
+
+    choice = choose_models(kw["model"], kw["model_draft"], kw["pair"], spec)
+    return LoadConfig(
+        target=choice.target, draft=choice.draft, n_ctx=kw["ctx_size"], threads=kw["threads"],
+        threads_draft=kw["threads_draft"], n_gpu_layers=kw["n_gpu_layers"], n_gpu_layers_draft=kw["n_gpu_layers_draft"],
+        type_k=kw["cache_type_k"], type_v=kw["cache_type_v"], rpc=parse_rpc(kw["rpc"]),
+    )
+
+
+def kernel_kind(kw) -> str:
+    """"exact" with --exact, else "fast" (llama.cpp's default kernels); --fast-kernels is the old name of the default."""
+    if kw.get("exact") and kw.get("fast_kernels"):
+        from ..errors import ConfigError
+
+        raise ConfigError("--exact and --fast-kernels contradict each other; pass one")
+    return "exact" if kw.get("exact") else "fast"
+
+
+def open_engine(kw, spec: SpecConfig, *, quiet: bool = False):
+    """Resolve (downloading if needed), plan and load; warnings go to stderr."""
+    from ..render import stderr_console
+    from ..render.common import RichProgress
+    from ..session import open_engine as _open, resolve
+
+    err = stderr_console()
+    resolved = resolve(load_config(kw, spec), spec, progress=RichProgress(err),
+                       kernels=kernel_kind(kw))
+    if not quiet:
+        for w in resolved.plan.warnings + resolved.warnings:
+            err.print(f"[yellow]warning:[/] {w}")
+    return resolved, _open(resolved, spec, exact=kw["exact"])
+
+
