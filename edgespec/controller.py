@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .timing import LiveTiming
+
 # Conservative CPU-shaped prior until the profile or live timing says otherwise:
 # verifying k tokens costs about 1 + 0.5 (k - 1) single-token passes on a small CPU (measured here).
 PRIOR_VERIFY_SLOPE = 0.5
@@ -127,9 +129,13 @@ class Controller:
         self.margin = margin
         self.priors = dict(priors or {})
         self.acceptance: dict[str, Acceptance] = {}
-        self._t1: float | None = None  # seconds for a 1-token target pass
-        self._tk: dict[int, float] = {}
-        self._draft_t: float | None = None
+        # Timing learnt online; checked against the profile's own t(1) when the cost model has one
+        # (a profile measured on a busy machine is replaced by the live estimate, see timing.py).
+        profile_t1_ms = getattr(cost, "t1_ms", None)
+        self.timing = LiveTiming(
+            reference_t1=profile_t1_ms / 1000.0 if profile_t1_ms else None,
+            reference_v=CostModel(verify=dict(cost.verify), slope=cost.slope).v,
+        )
 
     def estimate(self, key: str) -> Acceptance:
         est = self.acceptance.get(key)
@@ -167,18 +173,24 @@ class Controller:
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
         if not self.learn_timing or seconds <= 0:
             return
-        if n_tokens == 1:
-            self._t1 = seconds if self._t1 is None else 0.8 * self._t1 + 0.2 * seconds
-            return
-        prev = self._tk.get(n_tokens)
-        self._tk[n_tokens] = seconds if prev is None else 0.8 * prev + 0.2 * seconds
-        if self._t1:
-            self.cost.verify[n_tokens] = max(1.0, self._tk[n_tokens] / self._t1)
+        if self.timing.observe_verify(n_tokens, seconds):
+            # The profile disagrees with this run: its table goes, live estimates take its place.
+            self.cost.verify.clear()
+        self._apply_live_timing()
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if not self.learn_timing or n_tokens <= 0 or seconds <= 0:
             return
-        per = seconds / n_tokens
-        self._draft_t = per if self._draft_t is None else 0.8 * self._draft_t + 0.2 * per
-        if self._t1:
-            self.cost.draft_cost = self._draft_t / self._t1
+        self.timing.observe_draft(n_tokens, seconds)
+        self._apply_live_timing()
+
+    def _apply_live_timing(self) -> None:
+        self.cost.verify.update(self.timing.live_verify())
+        c = self.timing.live_draft_cost()
+        if c is not None:
+            self.cost.draft_cost = c
+
+    @property
+    def profile_stale(self) -> bool:
+        """Whether live timing replaced the saved profile's costs in this controller."""
+        return self.timing.stale

@@ -1,21 +1,39 @@
 """`edgespec profile --measure`: time the target's verify batches, the draft, the n-gram lookup,
-and the draft's acceptance on a short sample; derive the cost model and a starting verdict."""
+and the draft's acceptance on a short sample; derive the cost model and a starting verdict.
+
+A profile measured on a busy machine lies, and every later decision is built on it. So each timing
+is repeated, interleaved across batch sizes (a noisy second then hits one repeat of every size, not
+every repeat of one size); the cost is the fastest repeat (noise on a CPU only ever adds time) and
+the spread of the repeats is its uncertainty; the machine's load is checked before and during
+(psutil: other processes' CPU, load average vs cores). `check_stability` turns all of that into a
+verdict; it is pure, so scripted timings test it.
+"""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable, Sequence
 
-from .backend.model import LlamaModel
 from .controller import Acceptance, CostModel, speedup
-from .engine import Engine, EngineConfig
-from .generate import complete
 from .models import NullProgress
-from .plan import Plan
-from .session import load_params
-from .speculative import NgramDrafter
+
+# Batch sizes timed. Fast kernels: small batches one by one (where v(k) bends), then the large
+# batches long copy drafts need. Exact kernels verify at most 7 rows, so nothing above 8 is used.
+KS_FAST = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
+KS_EXACT = (1, 2, 3, 4, 5, 6, 7, 8)
+REPEATS = 5
+
+# Stability rules (spread = median / fastest - 1 over the repeats of one timing).
+MAX_T1_SPREAD = 0.10  # t(1) anchors every ratio: it must be tight
+MAX_SPREAD = 0.25  # any other timing
+MONOTONE_FLOOR = 0.5  # a larger batch may not cost less than half a smaller one
+BUSY_CORE_FRACTION = 0.25  # other processes using more than this share of the cores ...
+BUSY_MIN_CORES = 0.5  # ... and at least this many cores: the machine is busy
+BUSY_LOAD_PER_CORE = 1.5  # 1-minute load average above this per logical core: oversubscribed
 
 # Enough context that timings reflect real attention cost, small enough to be quick.
 _CONTEXT_TEXT = (
@@ -27,14 +45,78 @@ _SAMPLE_PROMPT = "Write a Python function that checks whether a string is a pali
 ALPHAS = (0.5, 0.7, 0.8, 0.9, 0.95)
 
 
+# ---- noise: pure --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Load:
+    """The machine's load over one window: CPU used by other processes (in cores), load average."""
+
+    other_cores: float
+    load_avg: float | None
+    cores: int
+    when: str = "during"  # "before" | "during"
+
+    def to_json(self) -> dict:
+        return {"when": self.when, "other_cores": round(self.other_cores, 2),
+                "load_avg": None if self.load_avg is None else round(self.load_avg, 2), "cores": self.cores}
+
+
+def summarize(samples: Sequence[float]) -> tuple[float, float]:
+    """(cost, spread) of repeated timings: the fastest one, and median / fastest - 1."""
+    if not samples:
+        raise ValueError("no samples")
+    low = min(samples)
+    return low, (statistics.median(samples) / low - 1.0) if low > 0 else 0.0
+
+
+def busy_reason(load: Load) -> str | None:
+    limit = max(BUSY_MIN_CORES, BUSY_CORE_FRACTION * load.cores)
+    if load.other_cores > limit:
+        return f"other processes used {load.other_cores:.1f} of {load.cores} cores {load.when} measuring"
+    if load.when == "before" and load.load_avg is not None and load.load_avg > BUSY_LOAD_PER_CORE * load.cores:
+        return f"load average {load.load_avg:.1f} on {load.cores} cores before measuring"
+    return None
+
+
+def check_stability(cost_ms: dict[int, float], spread: dict[int, float], loads: Sequence[Load] = (),
+                    draft_spread: float | None = None) -> list[str]:
+    """Why these timings cannot be trusted (empty: they can)."""
+    reasons = [r for r in (busy_reason(x) for x in loads) if r]
+    if spread.get(1, 0.0) > MAX_T1_SPREAD:
+        reasons.append(f"t(1) varied by {spread[1]:.0%} between repeats (limit {MAX_T1_SPREAD:.0%})")
+    noisy = [k for k, s in sorted(spread.items()) if k != 1 and s > MAX_SPREAD]
+    if noisy:
+        worst = max(noisy, key=lambda k: spread[k])
+        reasons.append(f"t(k) varied by up to {spread[worst]:.0%} between repeats (k = {worst}; limit {MAX_SPREAD:.0%})")
+    if draft_spread is not None and draft_spread > MAX_SPREAD:
+        reasons.append(f"the draft's t(1) varied by {draft_spread:.0%} between repeats (limit {MAX_SPREAD:.0%})")
+    ks = sorted(cost_ms)
+    for i, b in enumerate(ks[1:], 1):
+        a = max(ks[:i], key=lambda k: cost_ms[k])  # the dearest smaller batch
+        if cost_ms[b] < MONOTONE_FLOOR * cost_ms[a]:
+            reasons.append(f"t({b}) = {cost_ms[b]:.1f} ms is less than half of t({a}) = {cost_ms[a]:.1f} ms")
+            break
+    return reasons
+
+
+# ---- the result --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Measurement:
-    target_ms: dict[int, float]  # k -> median ms of a k-token batch
+    target_ms: dict[int, float]  # k -> fastest ms of a k-token batch over the repeats
     draft_ms: float | None
     ngram_us: float
     draft_alpha: float | None
     cost: CostModel
-    k_limit: int = 16  # the longest draft the engine will verify (exact CPU kernels cap it)
+    k_limit: int = 64  # the longest draft the engine will verify (exact CPU kernels cap it)
+    target_spread: dict[int, float] = field(default_factory=dict)  # k -> median / fastest - 1
+    draft_spread: float | None = None
+    kernels: str = "fast"
+    repeats: int = REPEATS
+    loads: tuple[Load, ...] = ()
+    reasons: tuple[str, ...] = ()  # why it is unstable; empty when stable
+
+    @property
+    def stable(self) -> bool:
+        return not self.reasons
 
     def verdicts(self) -> dict:
         """Best K and expected speedup for each drafter at a few acceptance rates, and at the measured one."""
@@ -61,12 +143,20 @@ class Measurement:
 
     def to_json(self) -> dict:
         return {
+            "kernels": self.kernels,
             "target_ms": {str(k): round(v, 3) for k, v in self.target_ms.items()},
+            "target_spread": {str(k): round(v, 4) for k, v in self.target_spread.items()},
             "draft_ms": None if self.draft_ms is None else round(self.draft_ms, 3),
+            "draft_spread": None if self.draft_spread is None else round(self.draft_spread, 4),
             "ngram_us": round(self.ngram_us, 2),
             "draft_alpha": self.draft_alpha,
-            "cost": self.cost.to_json(),
+            # t1_ms: the absolute scale, so a run can tell when the machine no longer matches it.
+            "cost": {**self.cost.to_json(), "t1_ms": round(self.target_ms[1], 3)},
             "k_limit": self.k_limit,
+            "repeats": self.repeats,
+            "stable": self.stable,
+            "unstable_reasons": list(self.reasons),
+            "load": [x.to_json() for x in self.loads],
             "verdicts": self.verdicts(),
         }
 
@@ -80,38 +170,91 @@ def best_k(alpha: float, c: float, cost: CostModel, k_max: int) -> tuple[int, fl
     return best
 
 
-def _median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+def cost_model(target_ms: dict[int, float], draft_ms: float | None) -> CostModel:
+    """v(k) = t(k)/t(1) at every measured k (the model interpolates between them); c = draft t(1) / t(1)."""
+    t1 = target_ms[1]
+    return CostModel(
+        verify={k: max(1.0, v / t1) for k, v in target_ms.items() if k > 1},
+        draft_cost=(draft_ms / t1) if draft_ms else 0.0,
+    )
 
 
-def time_batches(model: LlamaModel, ks, repeats: int, progress) -> dict[int, float]:
+# ---- timing ------------------------------------------------------------------------------------
+def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callable[[], float] = time.perf_counter,
+                 ) -> dict[int, list[float]]:
+    """ms of a k-token batch on a fixed context, `repeats` times per k, interleaved across k.
+
+    Every repeat walks all sizes (alternating direction, so a drift in machine speed does not
+    favour one end); one untimed walk first builds each size's graph."""
     context = model.tokenize(_CONTEXT_TEXT)
     model.reset()
     model.decode(context)
     base = len(model.tokens)
-    filler = context[:64]
-    out = {}
+    filler = (context * (max(ks) // max(len(context), 1) + 1))[: max(ks)]
+    out: dict[int, list[float]] = {k: [] for k in ks}
 
     def run(k):
         model.trim(base)
         model.decode(filler[:k], range(k))
 
-    run(1)  # warm-up: first graph build and weight repacking are not steady-state costs
-    for k in ks:
-        out[k] = _median_ms(lambda: run(k), repeats)
-        progress.advance(1)
+    for k in ks:  # warm-up: first graph builds and weight repacking are not steady-state costs
+        run(k)
+    for rep in range(repeats):
+        for k in (ks if rep % 2 == 0 else list(reversed(ks))):
+            t0 = clock()
+            run(k)
+            out[k].append((clock() - t0) * 1000)
+            progress.advance(1)
     model.trim(0)
     return out
+
+
+class LoadMeter:
+    """CPU time used by other processes between start() and stop(), in cores (psutil)."""
+
+    def __init__(self):
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self.cores = psutil.cpu_count(logical=True) or os.cpu_count() or 1
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._sys0 = self._psutil.cpu_times()
+        self._own0 = self._me.cpu_times()
+
+    def stop(self, when: str = "during") -> Load:
+        wall = max(time.monotonic() - self._t0, 1e-6)
+        sys1, own1 = self._psutil.cpu_times(), self._me.cpu_times()
+        busy = _busy(sys1) - _busy(self._sys0)
+        own = (own1.user + own1.system) - (self._own0.user + self._own0.system)
+        try:
+            load_avg = self._psutil.getloadavg()[0]
+        except (AttributeError, OSError):
+            load_avg = None
+        return Load(max(0.0, (busy - own) / wall), load_avg, self.cores, when)
+
+    def sample(self, seconds: float = 0.5) -> Load:
+        """The load right now, over a short quiet window (before measuring)."""
+        self.start()
+        time.sleep(seconds)
+        return self.stop("before")
+
+
+def _busy(times) -> float:
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    total = sum(times)
+    # guest time is already counted in user on Linux
+    total -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    return total - idle
 
 
 def time_ngram(n_tokens: int = 2048, calls: int = 200) -> float:
     """Microseconds per n-gram proposal on a context of n_tokens (incremental, as in generation)."""
     import random
+
+    from .speculative import NgramDrafter
 
     rng = random.Random(0)
     ctx = [rng.randrange(1000) for _ in range(n_tokens)]
@@ -124,10 +267,13 @@ def time_ngram(n_tokens: int = 2048, calls: int = 200) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def draft_acceptance(target_path: Path, draft_path: Path, plan: Plan, max_tokens: int = 48) -> float:
+def draft_acceptance(target_path: Path, draft_path: Path, plan, max_tokens: int = 48, exact: bool = False) -> float:
     """Per-token acceptance of the draft on a short greedy sample (draft mode, fixed K)."""
     from .config import SpecConfig
+    from .engine import Engine, EngineConfig
+    from .generate import complete
     from .sampling import SamplingConfig
+    from .session import load_params
     from .template import Message
 
     cfg = EngineConfig(
@@ -136,6 +282,7 @@ def draft_acceptance(target_path: Path, draft_path: Path, plan: Plan, max_tokens
         draft_path,
         load_params(plan.draft, plan) if plan.draft else load_params(plan.target, plan),
         spec=SpecConfig(mode="draft", draft_min=4, draft_max=4, draft_p_min=0.0),
+        exact=exact,
     )
     with Engine(cfg) as engine:
         prompt = engine.chat_tokens([Message("user", _SAMPLE_PROMPT)])
@@ -147,30 +294,38 @@ def draft_acceptance(target_path: Path, draft_path: Path, plan: Plan, max_tokens
         return est.alpha if est.rounds else 0.0
 
 
-def measure(target_path: Path, draft_path: Path | None, plan: Plan, *, k_max: int = 16, repeats: int = 5, progress=None, exact: bool = False) -> Measurement:
+def measure(target_path: Path, draft_path: Path | None, plan, *, ks: Sequence[int] | None = None,
+            repeats: int = REPEATS, progress=None, exact: bool = False, load_meter: LoadMeter | None = None,
+            ) -> Measurement:
+    from .backend.model import LlamaModel
+    from .session import load_params
+
     progress = progress or NullProgress()
-    ks = list(range(1, k_max + 1))
-    progress.start("timing target batches", len(ks) + (3 if draft_path else 1))
+    ks = list(ks or (KS_EXACT if exact else KS_FAST))
+    meter = load_meter or LoadMeter()
+    loads = [meter.sample()]
+    progress.start("timing target batches", len(ks) * repeats + (3 if draft_path else 1))
+    meter.start()
     try:
         with LlamaModel(target_path, replace(load_params(plan.target, plan), exact=exact)) as target:
-            target_ms = time_batches(target, ks, repeats, progress)
+            samples = time_batches(target, ks, repeats, progress)
             limit = target.max_exact_batch
-        draft_ms = alpha = None
+        draft_ms = draft_spread = alpha = None
         if draft_path is not None:
             with LlamaModel(draft_path, load_params(plan.draft or plan.target, plan)) as draft:
-                draft_ms = time_batches(draft, [1], repeats, NullProgress())[1]
+                draft_ms, draft_spread = summarize(time_batches(draft, [1], repeats, NullProgress())[1])
             progress.advance(1)
-            alpha = draft_acceptance(target_path, draft_path, plan)
+            alpha = draft_acceptance(target_path, draft_path, plan, exact=exact)
             progress.advance(1)
         ngram_us = time_ngram()
         progress.advance(1)
     finally:
         progress.done()
-    t1 = target_ms[1]
-    cost = CostModel(
-        verify={k: max(1.0, v / t1) for k, v in target_ms.items() if k > 1},
-        draft_cost=(draft_ms / t1) if draft_ms else 0.0,
-    )
-    k_limit = k_max if limit is None else min(k_max, limit - 1)
-    return Measurement(target_ms, draft_ms, ngram_us, alpha, cost, k_limit)
-
+    loads.append(meter.stop("during"))
+    target_ms, spread = {}, {}
+    for k, xs in samples.items():
+        target_ms[k], spread[k] = summarize(xs)
+    k_limit = max(ks) if limit is None else min(max(ks), limit - 1)
+    reasons = check_stability(target_ms, spread, loads, draft_spread)
+    return Measurement(target_ms, draft_ms, ngram_us, alpha, cost_model(target_ms, draft_ms), k_limit,
+                       spread, draft_spread, "exact" if exact else "fast", repeats, tuple(loads), tuple(reasons))

@@ -1,7 +1,8 @@
 """Measured profiles on disk: one JSON file per (machine, target, draft), invalidated by upgrades.
 
 A record is {"edgespec_version", "llama_cpp_version", "fingerprint", "created", "target",
-"draft", "hardware", "data", "warnings"}; `data` is what the caller measured, untouched.
+"draft", "hardware", "data", "warnings"}; `data` is what the caller measured, untouched
+(`edgespec profile` writes {"models", "plan", "measurements": {kernels: measurement}}).
 A profile is only worth what the machine and the software it was measured with are worth, so a
 change in either makes it stale. A damaged file is treated as absent, never as an error.
 """
@@ -112,11 +113,57 @@ def latest_profile() -> dict[str, Any] | None:
     return None if best is None else {**best, "warnings": warnings}
 
 
-def saved_costs(profile: dict | None) -> dict:
-    """{kernels: cost} of a saved profile record, also from records older than "costs"."""
+# ---- measured costs, one table per kernel kind ----------------------------------------------------
+# data["measurements"][kind] is everything one `edgespec profile` measured for that kind of kernels
+# ("fast" or "exact"), its cost table included, stored once. A measurement carries "stable"; an
+# unstable one is kept only to be shown (or used when saved with --force): runs prefer a stable one.
+
+def saved_measurements(profile: dict | None) -> dict[str, dict]:
+    """{kernels: measurement} of a saved profile record, also from records of older layouts
+    (data["costs"] / data["cost"] + data["measurement"] + data["kernels"])."""
     data = (profile or {}).get("data", {})
+    if not isinstance(data, dict):
+        return {}
+    if isinstance(data.get("measurements"), dict):
+        return {k: dict(m) for k, m in data["measurements"].items() if isinstance(m, dict)}
+    old_kind = data.get("kernels", "exact")
+    full = data.get("measurement") if isinstance(data.get("measurement"), dict) else None
     if isinstance(data.get("costs"), dict):
-        return dict(data["costs"])
-    if "cost" in data:
-        return {data.get("kernels", "exact"): data["cost"]}
-    return {}
+        costs = data["costs"]
+    elif "cost" in data:
+        costs = {old_kind: data["cost"]}
+    else:
+        return {}
+    return {kind: ({**full, "cost": cost} if full is not None and kind == old_kind else {"cost": cost})
+            for kind, cost in costs.items()}
+
+
+def usable(measurement: dict) -> bool:
+    """A measurement runs may use: stable (records from before stability checks count as such) or forced."""
+    return bool(measurement.get("stable", True) or measurement.get("forced"))
+
+
+def saved_costs(profile: dict | None) -> dict:
+    """{kernels: cost} of a saved profile record: the usable measurements' cost tables."""
+    return {kind: m["cost"] for kind, m in saved_measurements(profile).items() if usable(m) and "cost" in m}
+
+
+def merge_measurement(saved: dict | None, kind: str, new: dict, *, force: bool = False) -> tuple[dict[str, dict], str]:
+    """The measurements to store after measuring `kind` anew, and what happened to the new one:
+
+    "saved" (stable), "forced" (unstable, saved because --force), "kept" (unstable, and a usable
+    saved one of this kind stays in use), "unstable" (unstable, stored for `--show` but not used).
+    The other kind's measurement is always kept.
+    """
+    out = saved_measurements(saved)
+    stable = bool(new.get("stable", True))
+    if stable:
+        out[kind] = {k: v for k, v in new.items() if k != "forced"}
+        return out, "saved"
+    if force:
+        out[kind] = {**new, "forced": True}
+        return out, "forced"
+    if kind in out and usable(out[kind]):
+        return out, "kept"
+    out[kind] = {k: v for k, v in new.items() if k != "forced"}
+    return out, "unstable"

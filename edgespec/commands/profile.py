@@ -8,7 +8,7 @@ import click
 
 from .. import profile_store
 from ..config import SpecConfig
-from ..errors import InputError
+from ..errors import EdgespecError, InputError
 from .options import kernel_kind, model_options, spec_config
 from .root import CONTEXT, cli
 
@@ -16,19 +16,22 @@ from .root import CONTEXT, cli
 # ---- profile -----------------------------------------------------------------------------------
 @cli.command(context_settings=CONTEXT)
 @model_options
-@click.option("--measure/--no-measure", default=True, show_default=True, help="Time the models (a few seconds each).")
+@click.option("--measure/--no-measure", default=True, show_default=True, help="Time the models (a minute or so).")
+@click.option("--force", is_flag=True,
+              help="Save the measurement even when it is unstable (busy machine, noisy timings).")
 @click.option("--show", is_flag=True, help="Print the saved profile and exit.")
 @click.option("--json", "as_json", is_flag=True)
-def profile(measure, show, as_json, **kw):
+def profile(measure, force, show, as_json, **kw):
     """Detect the hardware, plan the offload of target + draft, measure costs, save the profile.
 
-    prompt/chat/bench then use it automatically.
+    prompt/chat/bench then use it automatically. The costs are measured for the kernels in use
+    (fast by default, --exact for the exact ones) and kept per kind. A measurement taken while the
+    machine is busy or noisy does not replace a good saved one (exit 1; --force saves it anyway).
     """
-    run_profile(kw, measure=measure, show=show, as_json=as_json, spec=spec_config(kw))
+    run_profile(kw, measure=measure, show=show, as_json=as_json, spec=spec_config(kw), force=force)
 
 
-
-def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: SpecConfig) -> None:
+def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: SpecConfig, force: bool = False) -> None:
     from ..render import stdout_console
     from ..render.common import devices_table, hardware_table, measurement_tables, plan_table
 
@@ -51,32 +54,44 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: Spe
         out.print(devices_table(plan))
         for w in plan.warnings:
             out.print(f"[yellow]warning:[/] {w}")
-    data = {"models": {"target": resolved.choice.target, "draft": resolved.choice.draft}, "plan": plan.to_json()}
-    if measure:
-        kernels = kernel_kind(kw)
-        m = _measure(resolved, plan, quiet=as_json, exact=kernels == "exact")
-        # Costs are kept per kernel kind: measuring one must not erase the other's.
-        data["costs"] = {**profile_store.saved_costs(resolved.profile), kernels: m["cost"]}
-        data["cost"] = m["cost"]
-        data["kernels"] = kernels
-        data["measurement"] = m
-        result["measurement"] = m
-        if not as_json:
-            for table in measurement_tables(m):
-                out.print(table)
     from ..session import profile_key
 
     target_key = profile_key(resolved.target_path)
     draft_key = profile_key(resolved.draft_path) if resolved.draft_path else None
-    if draft_key is not None:
+    keys = [draft_key] if draft_key is None else [None, draft_key]  # the pair's file last: its verdict counts
+    kernels = kernel_kind(kw)
+    m = None
+    if measure:
+        m = _measure(resolved, plan, quiet=as_json, exact=kernels == "exact")
+        result["measurement"] = m
+        if not as_json:
+            for table in measurement_tables(m):
+                out.print(table)
+    decision = None
+    for draft in keys:
         # The target's verify costs hold without a draft too (--spec ngram/off look them up so).
-        profile_store.save_profile(data, hw=hw, target_sha_or_name=target_key, draft=None)
-    path = profile_store.save_profile(data, hw=hw, target_sha_or_name=target_key, draft=draft_key)
+        saved = profile_store.load_profile(hw, target_key, draft)
+        measurements = profile_store.saved_measurements(saved)
+        if m is not None:
+            measurements, decision = profile_store.merge_measurement(saved, kernels, m, force=force)
+        data = {"models": {"target": resolved.choice.target, "draft": resolved.choice.draft},
+                "plan": plan.to_json(), "measurements": measurements}
+        path = profile_store.save_profile(data, hw=hw, target_sha_or_name=target_key, draft=draft)
     result["profile_path"] = str(path)
+    result["saved"] = decision
     if as_json:
         click.echo(json.dumps(result))
-    else:
+    elif decision in ("saved", None):
         out.print(f"saved profile: {path}")
+    elif decision == "forced":
+        out.print(f"[yellow]saved an unstable measurement (--force):[/] {path}")
+    if decision in ("kept", "unstable"):
+        kept = ("kept the saved profile's costs" if decision == "kept"
+                else "runs use estimated costs until a stable profile is measured")
+        raise EdgespecError(
+            f"profile unstable ({'; '.join(m['unstable_reasons'])}): {kept}; rerun `edgespec profile` "
+            "on a quiet machine, or pass --force to use this measurement"
+        )
 
 
 def _plan(kw: dict, spec: SpecConfig):
@@ -115,8 +130,15 @@ def _render_saved(out, saved: dict) -> None:
     data = saved.get("data", {})
     if data.get("plan"):
         out.print(plan_table(Plan.from_json(data["plan"])))
-    if data.get("measurement"):
-        for table in measurement_tables(data["measurement"]):
+    from ..profile_store import saved_measurements, usable
+
+    for kind, m in sorted(saved_measurements(saved).items()):
+        if "target_ms" not in m:
+            out.print(f"{kind} kernels: costs from an older profile (no timings kept); rerun `edgespec profile` to see them")
+            continue
+        for table in measurement_tables({"kernels": kind, **m}):
             out.print(table)
+        if not usable(m):
+            out.print(f"[yellow]the {kind}-kernel measurement is unstable and not used[/]")
     for w in saved.get("warnings", []):
         out.print(f"[yellow]warning:[/] {w}")

@@ -110,19 +110,31 @@ def hardware_table(hw) -> Table:
 
 
 def measurement_tables(m: dict[str, Any]) -> list[Table]:
-    timing = Table(title="measured target batch cost t(k)")
+    kind = m.get("kernels")
+    repeats = m.get("repeats")
+    notes = [f"{kind} kernels"] if kind else []
+    if "target_spread" in m:
+        notes.append((f"ms: fastest of {repeats} interleaved repeats; " if repeats else "")
+                     + "spread: how much slower the median repeat was")
+    title, caption = "measured target batch cost t(k)", "; ".join(notes) or None
+    timing = Table(title=title, caption=caption)
     timing.add_column("k", justify="right")
     timing.add_column("ms", justify="right")
+    spreads = m.get("target_spread") or {}
+    if spreads:
+        timing.add_column("spread", justify="right")
     timing.add_column("v(k) = t(k)/t(1)", justify="right")
     t1 = m["target_ms"]["1"]
     for k, ms in m["target_ms"].items():
-        timing.add_row(k, f"{ms:.1f}", f"{ms / t1:.2f}")
+        spread = [_spread(spreads.get(k))] if spreads else []
+        timing.add_row(k, f"{ms:.1f}", *spread, f"{ms / t1:.2f}")
     tables = [timing]
     summary = Table(show_header=False, box=None, title="drafters")
     summary.add_column(style="bold")
     summary.add_column()
     if m.get("draft_ms") is not None:
-        summary.add_row("draft t(1)", f"{m['draft_ms']:.1f} ms (cost ratio c = {m['cost']['draft_cost']:.2f})")
+        spread = f", spread {_spread(m['draft_spread'])}" if m.get("draft_spread") is not None else ""
+        summary.add_row("draft t(1)", f"{m['draft_ms']:.1f} ms{spread} (cost ratio c = {m['cost']['draft_cost']:.2f})")
     if m.get("draft_alpha") is not None:
         summary.add_row("draft acceptance (sample)", f"{m['draft_alpha']:.2f}")
     summary.add_row("n-gram lookup", f"{m['ngram_us']:.0f} µs per proposal")
@@ -134,6 +146,15 @@ def measurement_tables(m: dict[str, Any]) -> list[Table]:
             else "[yellow]does not pay on this machine[/] at the measured acceptance: auto mode keeps it off and uses n-gram drafting"
         )
         summary.add_row("draft model verdict", verdict)
+    if "stable" in m:
+        loads = ", ".join(f"{x['other_cores']:.1f} cores {x['when']}" for x in m.get("load", []))
+        load = f" (other processes: {loads} of {m['load'][0]['cores']})" if loads else ""
+        if m["stable"]:
+            summary.add_row("measurement", f"[green]stable[/]{load}")
+        else:
+            why = "; ".join(m.get("unstable_reasons", []))
+            forced = " — saved anyway (--force)" if m.get("forced") else ""
+            summary.add_row("measurement", f"[yellow]unstable[/]: {why}{forced}")
     tables.append(summary)
     exp = Table(title=f"expected speedup (best K <= {m.get('k_limit', 16)}) by acceptance rate")
     exp.add_column("drafter")
@@ -146,6 +167,21 @@ def measurement_tables(m: dict[str, Any]) -> list[Table]:
             exp.add_row(name, *[f"{rows[a]['speedup']:.2f}x (K={rows[a]['k']})" if a in rows else "-" for a in alphas])
     tables.append(exp)
     return tables
+
+
+def print_stale_notice(console: Console, *controllers) -> None:
+    """One dim line, once, when live timing replaced a saved profile that no longer fits (timing.py)."""
+    from ..timing import STALE_MESSAGE
+
+    for c in controllers:
+        timing = getattr(c, "timing", None)
+        if timing is not None and timing.take_notice():
+            console.print(STALE_MESSAGE, style="dim", highlight=False)
+            return
+
+
+def _spread(x: float | None) -> str:
+    return "-" if x is None else f"+{x:.1%}"
 
 
 def doctor_model_table(path, info) -> Table:

@@ -153,13 +153,17 @@ def test_result_summary_per_category_and_json_shape():
     assert edit["ngram"].speedup == pytest.approx((20 / (0.25 + 1 / 3)) / (20 / 1.5))
     assert edit["off"].speedup == pytest.approx(1.0)
     data = json.loads(json.dumps(res.to_json()))
-    assert set(data) == {"config", "modes", "skipped", "notes", "overall", "categories", "prompts", "verify"}
+    assert set(data) == {"config", "modes", "skipped", "notes", "overall", "categories", "prompts", "verify", "profile_stale"}
     assert set(data["categories"]) == {"free", "edit"} and set(data["overall"]) == {"off", "ngram"}
     row = data["prompts"][1]["modes"]["ngram"]
     assert row["speedup"] == 2.0 and row["acceptance_rate"] == 0.5 and row["mean_accepted_per_pass"] == 2.0
     for key in ("tokens_per_s", "ttft_ms", "latency_p50_ms", "latency_p95_ms", "tokens"):
         assert key in row and key in data["overall"]["ngram"]
-    assert data["verify"] == {"checked": False, "ok": None, "differences": []}
+    assert data["verify"] == {"checked": False, "ok": None, "exact": False, "near_tie_logit": lib.NEAR_TIE_LOGIT,
+                              "differences": []}
+    assert row["runs"] == [{"repeat": 0, "tokens": 10, "tokens_per_s": 40.0, "speedup": 2.0, "ttft_ms": 100.0,
+                            "latency_p50_ms": 50.0, "latency_p95_ms": 80.0, "drafted": 10, "accepted": 5,
+                            "rounds": 5, "profile_stale": False}]
 
 
 # ---- verification -----------------------------------------------------------------------------
@@ -199,6 +203,9 @@ class BenchModel(FakeModel):
         self.tokens = []
         self.resets += 1
 
+    def close(self):
+        pass
+
     def token_bytes(self, token):
         return bytes([97 + token])
 
@@ -209,6 +216,7 @@ class FakeEngine(Engine):
     def __init__(self, with_draft=True, lm_seed=3):
         self.config = None
         self.spec = SpecConfig(mode="auto", draft_max=6)
+        self.draft_max = 6
         self.target = BenchModel(table_lm(lm_seed), n_ctx=512)
         self.draft = BenchModel(table_lm(lm_seed), n_ctx=512) if with_draft else None
         self.cost = CostModel()
@@ -220,8 +228,8 @@ class FakeEngine(Engine):
         text = "".join(m.content for m in messages)
         return [1 + (ord(ch) % 7) for ch in text]
 
-    def decoder(self, sampling, mode=None):
-        dec = super().decoder(sampling, mode)
+    def decoder(self, sampling, mode=None, **kw):
+        dec = super().decoder(sampling, mode, **kw)
         self.controllers.append(dec.controller)
         return dec
 
@@ -276,7 +284,8 @@ def test_run_bench_reports_a_broken_mode():
             yield item
 
     eng.stream = broken.__get__(eng)
-    res = lib.run_bench(eng, PROMPTS[:1], ["off", "ngram"], SamplingConfig(), max_tokens=8, verify=True, warmup=False)
+    res = lib.run_bench(eng, PROMPTS[:1], ["off", "ngram"], SamplingConfig(), max_tokens=8, verify=True, warmup=False,
+                        exact=True)
     assert not res.verify_ok
     d = res.differences[0]
     assert d.mode == "ngram" and d.position == res.runs[0].stats.tokens - 1
@@ -330,3 +339,165 @@ def test_cli_has_no_spec_flag():
 
     r = CliRunner().invoke(cli, ["bench", "--help"])
     assert r.exit_code == 0 and "--modes" in r.output and "--spec " not in r.output
+
+
+# ---- spreads over repeats ---------------------------------------------------------------------
+def test_repeats_rotate_the_order_of_modes():
+    eng = FakeEngine()
+    seen = []
+    lib.run_bench(eng, PROMPTS[:1], ["off", "ngram", "auto"], SamplingConfig(), repeats=3, max_tokens=6,
+                  warmup=False, on_progress=seen.append)
+    order = [(p.repeat, p.mode) for p in seen if p.run is not None]
+    assert order == [(0, "off"), (0, "ngram"), (0, "auto"), (1, "ngram"), (1, "auto"), (1, "off"),
+                     (2, "auto"), (2, "off"), (2, "ngram")]
+
+
+def test_spread_over_repeats_and_speedups_that_overlap_one():
+    ps = [BenchPrompt("a", "free", "x")]
+    res = BenchResult(modes=["off", "ngram", "draft"], prompts=ps)
+    for rep, (off, ng, dr) in enumerate([(10, 9.5, 12), (10, 10.5, 13), (10, 10, 14)]):
+        res.runs += [run("a", "off", stats(tps=off), rep=rep), run("a", "ngram", stats(tps=ng), rep=rep),
+                     run("a", "draft", stats(tps=dr), rep=rep)]
+    spread = res.spread()
+    assert spread["ngram"]["speedup"] == pytest.approx((0.95, 1.05))
+    assert spread["draft"]["tokens_per_s"] == (12, 14)
+    assert lib.speedup_overlaps_one(spread["ngram"]["speedup"]) is True
+    assert lib.speedup_overlaps_one(spread["draft"]["speedup"]) is False
+    data = json.loads(json.dumps(res.to_json()))
+    assert data["overall"]["ngram"]["speedup_overlaps_1"] is True
+    assert data["overall"]["draft"]["speedup_overlaps_1"] is False and data["overall"]["off"]["speedup_overlaps_1"] is None
+    assert data["overall"]["draft"]["spread"]["speedup"] == [1.2, 1.4]
+    assert [r["tokens_per_s"] for r in data["overall"]["draft"]["repeats"]] == [12, 13, 14]
+    assert [r["speedup"] for r in data["prompts"][0]["modes"]["ngram"]["runs"]] == [0.95, 1.05, 1.0]  # every repeat
+
+    from edgespec.render.bench import render_results
+
+    buf = io.StringIO()
+    con = Console(file=buf, width=80)
+    render_results(con, con, res)
+    out = buf.getvalue()
+    assert "1.00x (0.95–1.05) ≈1" in out and "1.30x (1.20–1.40)" in out and "≈1" not in out.split("draft", 1)[1].split("\n")[0]
+    assert "13.0 ±1.0" in out
+
+
+# ---- verify with fast kernels: divergences judged by the plain run's margin ------------------
+class Drift:
+    """Tokens cycle 1..7; after a 4, the runner-up is `margin` behind the winner. Rows of a batch of
+    more than one (a verify batch) drift by `drift` towards the runner-up, as fast kernels do."""
+
+    def __init__(self, margin: float, drift: float):
+        self.margin, self.drift, self.batched = margin, drift, False
+
+    def __call__(self, ctx):
+        import numpy as np
+
+        last = ctx[-1]
+        nxt, alt = last % 7 + 1, (last + 1) % 7 + 1
+        out = np.full(8, -5.0, dtype=np.float32)
+        out[nxt] = 5.0
+        out[alt] = 5.0 - (self.margin if last == 4 else 4.0)
+        if self.batched and last == 4:
+            out[alt] += self.drift
+        return out
+
+
+class DriftModel(BenchModel):
+    def decode(self, tokens, logits_for=()):
+        tokens = list(tokens)
+        self.lm.batched = len(tokens) > 1
+        try:
+            return super().decode(tokens, logits_for)
+        finally:
+            self.lm.batched = False
+
+
+class DriftEngine(FakeEngine):
+    def __init__(self, margin, drift):
+        super().__init__()
+        self.target = DriftModel(Drift(margin, drift), n_ctx=512)
+        self.draft = BenchModel(Drift(margin, 0.0), n_ctx=512)
+
+    def chat_tokens(self, messages):
+        return [1, 2, 3, 4, 5, 6, 7, 1, 2]
+
+
+def verify_drift(margin, drift, exact=False):
+    return lib.run_bench(DriftEngine(margin, drift), PROMPTS[:1], ["off", "draft"], SamplingConfig(),
+                         max_tokens=12, verify=True, warmup=False, exact=exact)
+
+
+def test_verify_passes_a_divergence_at_a_near_tie():
+    res = verify_drift(margin=0.1, drift=0.3)
+    assert len(res.differences) == 1
+    d = res.differences[0]
+    assert d.mode == "draft" and d.plain_token == 5 and d.spec_token == 6
+    assert d.margin == pytest.approx(0.1) and d.near_tie()
+    assert res.verify_ok
+    data = res.to_json()["verify"]
+    assert data["ok"] is True and data["differences"][0]["margin"] == pytest.approx(0.1)
+    assert data["differences"][0]["near_tie"] is True
+
+    from edgespec.render.bench import render_verify
+
+    buf = io.StringIO()
+    render_verify(Console(file=buf, width=200), res)
+    assert "verify: ok" in buf.getvalue() and "plain top-2 margin 0.100" in buf.getvalue()
+
+
+def test_verify_fails_a_divergence_at_a_wide_margin():
+    res = verify_drift(margin=2.0, drift=3.0)
+    d = res.differences[0]
+    assert d.margin == pytest.approx(2.0) and not d.near_tie()
+    assert not res.verify_ok and res.failing_differences() == [d]
+    assert res.to_json()["verify"]["differences"][0]["near_tie"] is False
+
+
+def test_verify_with_exact_kernels_fails_any_divergence():
+    res = verify_drift(margin=0.1, drift=0.3, exact=True)
+    assert len(res.differences) == 1 and res.differences[0].margin is None  # no margins needed
+    assert not res.verify_ok
+
+
+def test_verify_without_drift_finds_nothing():
+    res = verify_drift(margin=0.1, drift=0.0)
+    assert res.differences == [] and res.verify_ok
+
+
+def test_cli_verify_exits_1_on_a_wide_margin_divergence(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from edgespec.commands import bench as cmd
+    from edgespec.commands import main
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"id": "cycle", "category": "free", "prompt": "count"}\n')
+    engines = []
+
+    def fake_open(kw, spec, quiet=False):
+        place = SimpleNamespace(threads=2)
+        resolved = SimpleNamespace(plan=SimpleNamespace(target=place, draft=place, n_ctx=512),
+                                   target_path=Path("t.gguf"), draft_path=Path("d.gguf"))
+        return resolved, engines.pop(0)
+
+    monkeypatch.setattr(cmd, "open_engine", fake_open)
+    args = ["bench", "--prompts", str(f), "--modes", "off,draft", "--verify", "--json", "-q", "--no-warmup", "-n", "12"]
+
+    engines.append(DriftEngine(margin=2.0, drift=3.0))
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    captured = capsys.readouterr()
+    assert exc.value.code == 1
+    data = json.loads(captured.out)
+    assert data["verify"]["ok"] is False and data["config"]["repeats"] == 3
+    assert {d["margin"] for d in data["verify"]["differences"]} == {2.0}
+    assert captured.err.strip() == "error: verify: 3 run(s) differ from plain decoding where it was not a near-tie"
+
+    engines.append(DriftEngine(margin=0.1, drift=0.3))
+    main(args)  # near-ties only: passes
+    assert json.loads(capsys.readouterr().out)["verify"]["ok"] is True
+
+    engines.append(DriftEngine(margin=0.1, drift=0.3))
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--exact"])  # exact kernels: any difference fails
+    assert exc.value.code == 1

@@ -1,0 +1,112 @@
+"""Live timing of the target and the draft, checked against the saved profile.
+
+The controller's costs come from `edgespec profile`; a profile measured on a busy machine (or
+before the machine changed) lies, and every decision built on it is wrong. This module learns
+t(1), t(k) and the draft's cost from the passes a generation makes anyway, and notices when the
+profile disagrees with them for long enough: then the live estimate replaces it (in memory only).
+
+Pure: durations come in as seconds from whatever clock the caller uses; no I/O, no printing. The
+caller reads `stale` / `take_notice()` and says so (the render layer prints STALE_MESSAGE).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+# A profile is stale when the median of the last STALE_PASSES target passes, each compared with
+# what the profile predicts for its batch size, is off by more than STALE_RATIO either way.
+# The median over a window, not a streak: one quick pass must not hide a busy minute, and one
+# slow pass (a page fault, a context switch) must not condemn a good profile.
+STALE_RATIO = 0.30
+STALE_PASSES = 20
+STALE_MESSAGE = "profile looks stale: using live timing; rerun edgespec profile"
+EMA_WEIGHT = 0.2  # weight of the newest pass in the running estimates
+
+
+def _ema(prev: float | None, x: float) -> float:
+    return x if prev is None else (1.0 - EMA_WEIGHT) * prev + EMA_WEIGHT * x
+
+
+@dataclass
+class LiveTiming:
+    """Running estimates of pass times (seconds) and the profile's staleness verdict.
+
+    reference_t1: the profile's t(1) in seconds (None: no measured profile, nothing to check);
+    reference_v: the profile's v(k) = t(k)/t(1), so that a k-token pass can be checked too.
+    """
+
+    reference_t1: float | None = None
+    reference_v: Callable[[int], float] = lambda k: 1.0
+    window: int = STALE_PASSES
+    tolerance: float = STALE_RATIO
+    t1: float | None = None  # live seconds per 1-token target pass
+    tk: dict[int, float] = field(default_factory=dict)  # live seconds per k-token target pass, k > 1
+    draft_per_token: float | None = None
+    stale: bool = False
+    _ratios: deque = field(default_factory=deque, repr=False)
+    _implied_t1: deque = field(default_factory=deque, repr=False)
+    _noticed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.reference_t1 is not None and self.reference_t1 <= 0:
+            self.reference_t1 = None
+        self._ratios = deque(maxlen=self.window)
+        self._implied_t1 = deque(maxlen=self.window)
+
+    # ---- observations -----------------------------------------------------------------------
+    def observe_verify(self, n_tokens: int, seconds: float) -> bool:
+        """Record one target pass of n_tokens; True when this pass made the profile stale."""
+        if n_tokens < 1 or seconds <= 0:
+            return False
+        if n_tokens == 1:
+            self.t1 = _ema(self.t1, seconds)
+        else:
+            self.tk[n_tokens] = _ema(self.tk.get(n_tokens), seconds)
+        if self.reference_t1 is None or self.stale:
+            return False
+        v = max(self.reference_v(n_tokens), 1e-9)
+        self._implied_t1.append(seconds / v)
+        self._ratios.append(seconds / (self.reference_t1 * v))
+        if len(self._ratios) < self.window:
+            return False
+        if abs(statistics.median(self._ratios) - 1.0) > self.tolerance:
+            self.stale = True
+            return True
+        return False
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens > 0 and seconds > 0:
+            self.draft_per_token = _ema(self.draft_per_token, seconds / n_tokens)
+
+    # ---- what the cost model should use -----------------------------------------------------
+    def live_t1(self) -> float | None:
+        """Seconds per 1-token pass: measured when there were such passes; once the profile is
+        stale, otherwise implied by the recent k-token passes (the profile's shape, live scale)."""
+        if self.t1 is not None:
+            return self.t1
+        if self.stale and self._implied_t1:
+            return statistics.median(self._implied_t1)
+        return None
+
+    def live_verify(self) -> dict[int, float]:
+        """v(k) = t(k)/t(1) for every batch size seen live (never below 1)."""
+        t1 = self.live_t1()
+        if not t1:
+            return {}
+        return {k: max(1.0, t / t1) for k, t in self.tk.items()}
+
+    def live_draft_cost(self) -> float | None:
+        t1 = self.live_t1()
+        if not t1 or self.draft_per_token is None:
+            return None
+        return self.draft_per_token / t1
+
+    def take_notice(self) -> bool:
+        """True once, the first time it is asked after the profile went stale."""
+        if self.stale and not self._noticed:
+            self._noticed = True
+            return True
+        return False

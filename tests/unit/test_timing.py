@@ -1,0 +1,170 @@
+"""Online correction of a stale profile: LiveTiming on scripted durations, the controller's use of it,
+and the whole decoder on a fake model driven by a fake clock."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from edgespec import speculative
+from edgespec.controller import Controller, CostModel
+from edgespec.sampling import SamplingConfig
+from edgespec.speculative import SpecSettings, SpeculativeDecoder
+from edgespec.timing import STALE_MESSAGE, STALE_PASSES, LiveTiming
+
+from .fakes import FakeModel, table_lm
+
+MS = 1e-3
+
+
+def feed(timing: LiveTiming, seconds, n_tokens=1):
+    became = [timing.observe_verify(n_tokens, s) for s in seconds]
+    return [i for i, b in enumerate(became) if b]
+
+
+def test_stale_after_twenty_passes_off_by_more_than_thirty_percent():
+    t = LiveTiming(reference_t1=30 * MS)
+    assert feed(t, [60 * MS] * (STALE_PASSES - 1)) == [] and not t.stale
+    assert feed(t, [60 * MS]) == [0] and t.stale  # the 20th pass
+    assert feed(t, [60 * MS] * 5) == []  # reported once
+    assert t.live_t1() == pytest.approx(60 * MS)
+
+
+def test_faster_than_the_profile_is_stale_too():
+    t = LiveTiming(reference_t1=60 * MS)
+    feed(t, [30 * MS] * STALE_PASSES)
+    assert t.stale
+
+
+def test_within_thirty_percent_is_never_stale():
+    t = LiveTiming(reference_t1=30 * MS)
+    feed(t, [38 * MS, 22 * MS] * 100)  # +27% / -27%
+    assert not t.stale
+
+
+def test_a_few_slow_passes_do_not_condemn_a_good_profile():
+    t = LiveTiming(reference_t1=30 * MS)
+    feed(t, ([30 * MS] * 3 + [150 * MS] * 2) * 20)  # 40% of passes hit by a busy neighbour
+    assert not t.stale
+
+
+def test_batches_are_checked_against_the_profiles_v_of_k():
+    v = CostModel(verify={4: 2.0}).v
+    ok = LiveTiming(reference_t1=30 * MS, reference_v=v)
+    feed(ok, [60 * MS] * 40, n_tokens=4)  # exactly what the profile predicts for 4 tokens
+    assert not ok.stale and ok.live_t1() is None  # no 1-token pass yet, nothing to anchor to
+    slow = LiveTiming(reference_t1=30 * MS, reference_v=v)
+    feed(slow, [120 * MS] * STALE_PASSES, n_tokens=4)
+    assert slow.stale
+    # stale with no 1-token pass: t(1) implied by the batches through the profile's shape
+    assert slow.live_t1() == pytest.approx(60 * MS)
+    assert slow.live_verify() == {4: pytest.approx(2.0)}
+
+
+def test_no_profile_means_nothing_to_be_stale_against():
+    t = LiveTiming(reference_t1=None)
+    feed(t, [500 * MS] * 100)
+    assert not t.stale and not t.take_notice()
+    assert t.live_t1() == pytest.approx(500 * MS)
+
+
+def test_notice_is_taken_once():
+    t = LiveTiming(reference_t1=30 * MS)
+    assert not t.take_notice()
+    feed(t, [90 * MS] * STALE_PASSES)
+    assert t.take_notice() and not t.take_notice()
+
+
+# ---- the controller --------------------------------------------------------------------------
+def profiled_cost(t1_ms: float, verify: dict[int, float]) -> CostModel:
+    cost = CostModel(verify=dict(verify), draft_cost=0.2)
+    cost.t1_ms = t1_ms  # the profile's absolute scale (measure.py stores it with the costs)
+    return cost
+
+
+def test_controller_replaces_the_stale_table_with_live_timing():
+    # A profile measured elsewhere says batches are nearly free; this machine says otherwise.
+    ctl = Controller(profiled_cost(30.0, {2: 1.05, 4: 1.1, 8: 1.2}), k_max=8)
+    for _ in range(STALE_PASSES):
+        ctl.observe_verify(1, 60 * MS)
+    assert ctl.profile_stale
+    assert ctl.cost.verify == {}  # the profile's table is gone: prior slope until batches are seen
+    ctl.observe_verify(4, 150 * MS)
+    assert ctl.cost.v(4) == pytest.approx(2.5)
+    assert ctl.cost.v(8) > 2.5  # extrapolated from live points, not the profile's 1.2
+    ctl.observe_draft(3, 45 * MS)
+    assert ctl.cost.draft_cost == pytest.approx(0.25)
+
+
+def test_controller_with_a_good_profile_keeps_it_for_unseen_sizes():
+    ctl = Controller(profiled_cost(30.0, {2: 1.5, 8: 3.0}), k_max=8)
+    for _ in range(50):
+        ctl.observe_verify(1, 31 * MS)
+    assert not ctl.profile_stale and ctl.cost.verify == {2: 1.5, 8: 3.0}
+
+
+def test_controller_without_learning_ignores_timing():
+    ctl = Controller(profiled_cost(30.0, {2: 1.5}), learn_timing=False)
+    for _ in range(50):
+        ctl.observe_verify(1, 90 * MS)
+    assert not ctl.profile_stale and ctl.cost.verify == {2: 1.5}
+
+
+# ---- the decoder on a fake clock -------------------------------------------------------------
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def perf_counter(self):
+        return self.now
+
+
+class SlowModel(FakeModel):
+    """Every target pass advances the fake clock: this machine is twice as slow as the profile says."""
+
+    def __init__(self, clock, t1_s, **kw):
+        super().__init__(table_lm(5), **kw)
+        self.clock = clock
+        self.t1_s = t1_s
+
+    def decode(self, tokens, logits_for=()):
+        self.clock.now += self.t1_s * (1 + 0.5 * (len(list(tokens)) - 1))
+        return super().decode(tokens, logits_for)
+
+    def is_eog(self, token):
+        return False
+
+
+def run_plain(monkeypatch, live_t1_s, tokens=40):
+    clock = FakeClock()
+    monkeypatch.setattr(speculative, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    ctl = Controller(profiled_cost(30.0, {2: 1.05, 8: 1.2}), k_max=8)
+    dec = SpeculativeDecoder(SlowModel(clock, live_t1_s, n_ctx=512), SamplingConfig(), ctl, SpecSettings(mode="off"))
+    out = list(dec.generate([1, 2, 3], tokens))
+    assert len(out) == tokens
+    return ctl
+
+
+def test_decoder_on_a_slower_machine_goes_live_and_says_so_once(monkeypatch):
+    from edgespec.render.common import print_stale_notice
+
+    ctl = run_plain(monkeypatch, 60 * MS)
+    assert ctl.profile_stale and ctl.timing.live_t1() == pytest.approx(60 * MS)
+    buf = io.StringIO()
+    con = Console(file=buf, width=120)
+    print_stale_notice(con, ctl)
+    print_stale_notice(con, ctl)
+    assert buf.getvalue().splitlines() == [STALE_MESSAGE]
+
+
+def test_decoder_on_the_profiled_machine_keeps_the_profile(monkeypatch):
+    from edgespec.render.common import print_stale_notice
+
+    ctl = run_plain(monkeypatch, 30 * MS)
+    assert not ctl.profile_stale and ctl.cost.verify == {2: 1.05, 8: 1.2}
+    buf = io.StringIO()
+    print_stale_notice(Console(file=buf), ctl)
+    assert buf.getvalue() == ""
