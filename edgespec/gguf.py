@@ -21,6 +21,8 @@ GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NAME = 64  # GGML_MAX_NAME: llama.cpp refuses tensor names of this many bytes or more
+INT64_MAX = (1 << 63) - 1  # ggml counts elements in int64
 
 MAX_LAYERS = 65536  # far beyond any real model; larger is garbage
 
@@ -446,6 +448,7 @@ def _parse(path: Path, buf, size: int, want_vocab: bool) -> GGUFInfo:
     cur.section = "tensor table"
     tensors = _read_tensor_table(cur, n_tensors, alignment)
     data_offset = _align(cur.pos, alignment)
+    _check_layout(tensors, alignment)
     _check_data_present(tensors, data_offset, size)
     if "general.architecture" not in metadata:
         raise _Bad("metadata has no general.architecture")
@@ -568,10 +571,13 @@ def _read_tensor_table(cur: _Cursor, n_tensors: int, alignment: int) -> tuple[Te
 
 def _read_tensor_info(cur: _Cursor, alignment: int) -> TensorInfo:
     name = cur.string()
+    if len(name.encode("utf-8", errors="surrogateescape")) >= MAX_NAME:
+        raise _Bad(f"malformed tensor table: tensor name {name[:40]!r}... is longer than {MAX_NAME - 1} bytes")
     n_dims = cur.u32()
     if n_dims > MAX_DIMS:
         raise _Bad(f"malformed tensor table: tensor {name!r} has {n_dims} dimensions")
     shape = tuple(cur.u64() for _ in range(n_dims))
+    _check_shape(name, shape)
     ggml_type, offset = cur.u32(), cur.u64()
     if ggml_type not in GGML_TYPES:
         raise _Bad(f"tensor {name!r} has unknown ggml type {ggml_type} (newer llama.cpp format?)")
@@ -582,6 +588,41 @@ def _read_tensor_info(cur: _Cursor, alignment: int) -> TensorInfo:
     except ValueError as err:
         raise _Bad(f"malformed tensor table: tensor {name!r}: {err}") from None
     return TensorInfo(name=name, ggml_type=ggml_type, shape=shape, offset=offset, n_bytes=n_bytes)
+
+
+def _check_shape(name: str, shape: tuple[int, ...]) -> None:
+    # ggml holds dimensions and element counts in int64: anything larger is garbage it would refuse.
+    n = 1
+    for d in shape:
+        if d > INT64_MAX:
+            raise _Bad(f"malformed tensor table: tensor {name!r} has dimension {d}, beyond int64")
+        n *= d
+    if n > INT64_MAX:
+        raise _Bad(f"malformed tensor table: tensor {name!r} shape {list(shape)} has more than 2^63 elements")
+
+
+def _check_layout(tensors, alignment: int) -> None:
+    """Tensor data must lie back to back in table order, each padded to the alignment (llama.cpp
+    refuses anything else): so no two tensors share bytes, and each one's stretch of the data
+    section is exactly what its type and shape need."""
+    expected, prev = 0, None
+    for t in tensors:
+        if t.offset < expected:
+            raise _Bad(
+                f"malformed tensor table: tensor {t.name!r} at data offset {t.offset} overlaps "
+                f"{prev.name!r} (offset {prev.offset}, {prev.n_bytes} bytes)"
+            )
+        if t.offset > expected:
+            before = (
+                f"{prev.name!r} ({prev.type_name} {list(prev.shape)} = {prev.n_bytes} bytes) ends at {expected}"
+                if prev else "the data section starts at 0"
+            )
+            raise _Bad(
+                f"malformed tensor table: tensor {t.name!r} starts at data offset {t.offset} but {before}: "
+                "a stored size does not match its type and shape"
+            )
+        expected = _align(t.offset + t.n_bytes, alignment)
+        prev = t
 
 
 def _align(n: int, alignment: int) -> int:
