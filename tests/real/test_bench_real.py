@@ -30,14 +30,14 @@ def test_bench_default_pair_verify_json(tmp_path):
     f = tmp_path / "tiny.jsonl"
     f.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     args = ["bench", "--prompts", str(f), "--max-tokens", "24", "--modes", ",".join(MODES), "--verify", "--exact", "--json",
-            "-q", "-t", "2"]
+            "-q", "-t", "2", "--repeats", "1"]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, (r.stdout, r.stderr, r.exception)
     data = json.loads(r.stdout)
 
     assert data["modes"] == MODES and data["skipped"] == []
     assert data["config"]["draft"] and data["config"]["target"].endswith(".gguf")
-    assert data["verify"] == {"checked": True, "ok": True, "differences": []}
+    assert data["verify"] == {"checked": True, "ok": True, "exact": True, "near_tie_logit": None, "differences": []}
     assert set(data["categories"]) == {"free", "edit"}
     for group in [data["overall"], *data["categories"].values()]:
         assert set(group) == set(MODES)
@@ -56,3 +56,36 @@ def test_bench_default_pair_verify_json(tmp_path):
     # Input-grounded copying is where n-gram drafting accepts: it must have drafted and accepted something.
     copy = data["prompts"][1]["modes"]["ngram"]
     assert copy["drafted"] > 0 and copy["accepted"] > 0
+
+
+def test_bench_fast_kernels_verify_reports_margins_and_repeats(tmp_path):
+    """Default (fast) kernels: divergences from plain decoding may happen, each judged by the plain
+    run's top-2 logit margin; the exit code follows that verdict. Every repeat is in --json."""
+    from edgespec.bench import NEAR_TIE_LOGIT
+
+    f = tmp_path / "tiny.jsonl"
+    f.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    args = ["bench", "--prompts", str(f), "--max-tokens", "24", "--modes", ",".join(MODES), "--verify", "--json",
+            "-q", "-t", "2", "--repeats", "2"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code in (0, 1), (r.stdout, r.stderr, r.exception)
+    data = json.loads(r.stdout)
+    verify = data["verify"]
+    assert verify["checked"] and verify["exact"] is False and verify["near_tie_logit"] == NEAR_TIE_LOGIT
+    for d in verify["differences"]:
+        assert isinstance(d["margin"], float) and d["margin"] >= 0
+        assert d["near_tie"] == (d["margin"] < NEAR_TIE_LOGIT)
+    all_near_ties = all(d["near_tie"] for d in verify["differences"])
+    assert verify["ok"] is all_near_ties and r.exit_code == (0 if all_near_ties else 1)
+    assert data["config"]["repeats"] == 2 and data["config"]["kernels"] == "fast"
+    for p in data["prompts"]:
+        for mode, row in p["modes"].items():
+            assert [run["repeat"] for run in row["runs"]] == [0, 1]
+            assert all(run["tokens_per_s"] > 0 for run in row["runs"])
+    for mode, row in data["overall"].items():
+        assert len(row["repeats"]) == 2
+        lo, hi = row["spread"]["tokens_per_s"]
+        assert lo <= row["tokens_per_s"] <= hi
+        if mode != "off":
+            lo, hi = row["spread"]["speedup"]
+            assert row["speedup_overlaps_1"] == (lo <= 1.0 <= hi)

@@ -124,3 +124,45 @@ def test_costs_are_kept_per_kernel_kind():
     cost, warnings = _cost({"data": {"costs": {"fast": {"verify": {}}}}}, "exact")
     assert cost is None and "`edgespec profile --exact`" in warnings[0]
     assert _cost(None, "fast") == (None, ())
+
+
+# ---- one stored measurement per kernel kind; stable ones win ------------------------------------
+def _m(t1, stable=True):
+    return {"target_ms": {"1": t1}, "cost": {"verify": {"2": 1.5}, "draft_cost": 0.4, "t1_ms": t1},
+            "stable": stable, "unstable_reasons": [] if stable else ["busy"]}
+
+
+def test_older_layouts_are_read_as_measurements():
+    from edgespec.profile_store import saved_measurements
+
+    full = {"target_ms": {"1": 35.7}, "cost": {"verify": {}}, "k_limit": 6}
+    old = {"data": {"costs": {"exact": {"verify": {"2": 2.0}}, "fast": {"verify": {"2": 1.4}}},
+                    "cost": {"verify": {"2": 1.4}}, "kernels": "fast", "measurement": {**full, "cost": {"verify": {"2": 1.4}}}}}
+    ms = saved_measurements(old)
+    assert ms["fast"]["k_limit"] == 6 and ms["fast"]["cost"] == {"verify": {"2": 1.4}}
+    assert ms["exact"] == {"cost": {"verify": {"2": 2.0}}}  # only its costs were kept
+    assert saved_measurements({"data": {"cost": {"verify": {}}}}) == {"exact": {"cost": {"verify": {}}}}
+    assert saved_measurements(None) == {} and saved_measurements({"data": {"measurements": "junk"}}) == {}
+
+
+def test_merge_keeps_the_other_kind_and_prefers_stable():
+    from edgespec.profile_store import merge_measurement, saved_costs
+
+    record = {"data": {"measurements": {"exact": _m(40.0), "fast": _m(30.0)}}}
+    # stable: replaces this kind only
+    ms, what = merge_measurement(record, "fast", _m(31.0))
+    assert what == "saved" and ms["fast"]["cost"]["t1_ms"] == 31.0 and ms["exact"]["cost"]["t1_ms"] == 40.0
+    # unstable: the saved stable one stays
+    ms, what = merge_measurement(record, "fast", _m(90.0, stable=False))
+    assert what == "kept" and ms["fast"]["cost"]["t1_ms"] == 30.0
+    # unstable and forced: stored and marked
+    ms, what = merge_measurement(record, "fast", _m(90.0, stable=False), force=True)
+    assert what == "forced" and ms["fast"]["forced"] is True
+    assert saved_costs({"data": {"measurements": ms}})["fast"]["t1_ms"] == 90.0
+    # unstable with nothing usable before: stored (for --show) but not used
+    ms, what = merge_measurement({"data": {"measurements": {"exact": _m(40.0)}}}, "fast", _m(90.0, stable=False))
+    assert what == "unstable" and ms["fast"]["stable"] is False
+    assert set(saved_costs({"data": {"measurements": ms}})) == {"exact"}
+    # a later stable measurement replaces an unstable one
+    ms2, what = merge_measurement({"data": {"measurements": ms}}, "fast", _m(30.0))
+    assert what == "saved" and "forced" not in ms2["fast"]
