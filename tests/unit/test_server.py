@@ -1,0 +1,486 @@
+"""The HTTP server over a fake Engine: real uvicorn on a loopback port, real HTTP clients.
+
+The fake Engine speaks characters as tokens, answers a fixed reply one token at a time (a gate
+holds it mid-answer when a test needs a request in flight), keeps a "KV cache" of what it last
+held, and records which threads touched it — so the one-worker-thread rule, queueing, cache
+reuse, cancellation and shutdown are checked without llama.cpp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from edgespec.errors import ContextError, InputError
+from edgespec.generate import stream
+from edgespec.sampling import SamplingConfig
+from edgespec.server.app import Settings, create_app
+from edgespec.server.run import bind, is_loopback, make_server
+from edgespec.server.worker import Worker
+from edgespec.speculative import LoopStats, RoundLog, TokenEvent
+
+REPLY = "Hello from the fake model, one token at a time."
+
+
+def common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class FakeEngine:
+    n_ctx = 2048
+
+    def __init__(self, reply: str = REPLY):
+        self.reply = reply
+        self.kv: list[int] = []  # what the "target" holds after a generation
+        self.gate = threading.Event()  # clear it to hold generation before the next token
+        self.gate.set()
+        self.waiting = threading.Event()  # set while a generation waits at the gate
+        self.threads: set[str] = set()
+        self.generations: list[dict] = []  # per generation: emitted tokens, how it ended
+
+    def _touch(self):
+        self.threads.add(threading.current_thread().name)
+
+    def chat_tokens(self, messages):
+        self._touch()
+        text = "".join(f"<{m.role}>{m.content}</>" for m in messages) + "<assistant>"
+        return [ord(c) for c in text]
+
+    def raw_tokens(self, text):
+        self._touch()
+        return [ord(c) for c in text]
+
+    def reset(self):
+        self.kv = []
+
+    def stream(self, prompt, sampling, *, max_tokens=256, stop=()):
+        self._touch()
+        if max_tokens < 1:
+            raise InputError("max_tokens must be >= 1")
+        if len(prompt) >= self.n_ctx:
+            raise ContextError(f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx}")
+        st = LoopStats(start=time.perf_counter(), prompt_tokens=len(prompt),
+                       prompt_cached=common_prefix(self.kv, prompt[:-1]))
+        record = {"emitted": 0, "sampling": sampling, "max_tokens": max_tokens, "closed": False}
+        self.generations.append(record)
+
+        def events():
+            ctx = list(prompt)
+            try:
+                for i, ch in enumerate(self.reply):
+                    if i >= max_tokens:
+                        st.finish_reason = "length"
+                        return
+                    if not self.gate.is_set():
+                        self.waiting.set()
+                        self.gate.wait()
+                        self.waiting.clear()
+                    self._touch()
+                    ctx.append(ord(ch))
+                    record["emitted"] += 1
+                    st.token_times.append(time.perf_counter())
+                    source = "ngram" if i % 2 else "target"
+                    st.sources.append(source)
+                    st.rounds.append(RoundLog(k=1, drafted=1, accepted=i % 2, source="ngram", draft_s=0.0, verify_s=0.0))
+                    yield TokenEvent(ord(ch), source, i)
+                st.finish_reason = "stop"
+            finally:
+                record["closed"] = True
+                self.kv = ctx
+
+        return stream(events(), lambda t: chr(t).encode(), lambda: st, mode="auto", stop=stop)
+
+
+@contextlib.contextmanager
+def served(engine=None, *, max_queue: int = 8, grace_s: float = 5.0, **settings):
+    engine = engine or FakeEngine()
+    worker = Worker(engine, max_queue)
+    app = create_app(worker, Settings(model_id="fake-model", **settings))
+    sock = bind("127.0.0.1", free_port())
+    server = make_server(app, worker.shutdown, grace_s=grace_s)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    handle = type("Served", (), {})()
+    handle.url, handle.engine, handle.worker, handle.server, handle.thread = url, engine, worker, server, thread
+    try:
+        yield handle
+    finally:
+        engine.gate.set()
+        server.handle_exit(2, None)
+        thread.join(15)
+        worker.join(5)
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """One server for the tests that leave no state behind."""
+    with served() as s:
+        yield s
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chat_body(text="Hi", **extra):
+    return {"model": "anything", "messages": [{"role": "user", "content": text}], **extra}
+
+
+def sse_events(lines) -> list:
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+# ---- the happy paths ---------------------------------------------------------------------------
+def test_models_and_health():
+    with served() as s:
+        models = httpx.get(f"{s.url}/v1/models").json()
+        assert models["object"] == "list"
+        assert [m["id"] for m in models["data"]] == ["fake-model"]
+        health = httpx.get(f"{s.url}/health").json()
+        assert health["status"] == "ok" and health["generating"] is False and health["waiting"] == 0
+        assert health["served"]["requests"] == 0
+
+
+def test_chat_completion_whole_with_usage_and_speculation_stats():
+    with served() as s:
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body(unknown_field={"ignored": True}))
+        assert r.status_code == 200, r.text
+        data = r.json()
+        assert data["object"] == "chat.completion" and data["model"] == "fake-model"
+        choice = data["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": REPLY}
+        assert choice["finish_reason"] == "stop"
+        usage = data["usage"]
+        assert usage["completion_tokens"] == len(REPLY)
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+        spec = data["edgespec"]
+        assert spec["drafted"] == len(REPLY) and spec["accepted"] == len(REPLY) // 2
+        assert spec["mode"] == "auto" and spec["tokens_by_source"]["ngram"] == len(REPLY) // 2
+        for key in ("acceptance_rate", "tokens_per_pass", "tokens_per_s", "ttft_ms"):
+            assert key in spec
+        assert s.engine.threads == {"edgespec-generate"}  # never touched from the event loop
+
+
+def test_max_tokens_stop_and_sampling_reach_the_engine():
+    with served(sampling=SamplingConfig(top_k=7)) as s:
+        data = httpx.post(f"{s.url}/v1/chat/completions",
+                          json=chat_body(max_tokens=5, temperature=0.7, top_p=0.5, seed=3)).json()
+        assert data["choices"][0]["message"]["content"] == REPLY[:5]
+        assert data["choices"][0]["finish_reason"] == "length"
+        sampling = s.engine.generations[-1]["sampling"]
+        assert (sampling.temperature, sampling.top_p, sampling.seed, sampling.top_k) == (0.7, 0.5, 3, 7)
+        data = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body(stop=[" one"], seed=-1)).json()
+        assert data["choices"][0]["message"]["content"] == REPLY[: REPLY.index(" one")]
+        assert data["choices"][0]["finish_reason"] == "stop"
+        assert s.engine.generations[-1]["sampling"].seed is None  # -1 is llama.cpp's "random"
+        data = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body(max_completion_tokens=3)).json()
+        assert data["choices"][0]["message"]["content"] == REPLY[:3]
+
+
+def test_default_max_tokens_comes_from_the_server():
+    with served(max_tokens=4) as s:
+        data = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body()).json()
+        assert data["usage"]["completion_tokens"] == 4
+
+
+def test_stream_is_openai_sse():
+    with served() as s:
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=chat_body(stream=True)) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(r.iter_lines())
+        assert events[-1] == "[DONE]"
+        chunks = events[:-1]
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        assert text == REPLY
+        last = chunks[-1]
+        assert last["choices"][0]["finish_reason"] == "stop"
+        assert last["usage"]["completion_tokens"] == len(REPLY)
+        assert last["edgespec"]["drafted"] == len(REPLY)
+
+
+def test_stream_include_usage_adds_a_usage_only_chunk():
+    with served() as s:
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions",
+                          json=chat_body(stream=True, stream_options={"include_usage": True})) as r:
+            events = sse_events(r.iter_lines())
+        assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == len(REPLY)
+
+
+def test_text_completions_whole_and_streamed():
+    with served() as s:
+        data = httpx.post(f"{s.url}/v1/completions", json={"prompt": "def add(a, b):", "max_tokens": 6}).json()
+        assert data["object"] == "text_completion"
+        assert data["choices"][0]["text"] == REPLY[:6]
+        assert data["usage"]["prompt_tokens"] == len("def add(a, b):")
+        with httpx.stream("POST", f"{s.url}/v1/completions", json={"prompt": ["x"], "stream": True}) as r:
+            events = sse_events(r.iter_lines())
+        assert "".join(e["choices"][0]["text"] for e in events[:-1]) == REPLY
+
+
+def test_continued_chat_reports_cached_prompt_tokens():
+    with served() as s:
+        first = [{"role": "user", "content": "Write a haiku"}]
+        a = httpx.post(f"{s.url}/v1/chat/completions", json={"messages": first}).json()
+        history = first + [{"role": "assistant", "content": a["choices"][0]["message"]["content"]},
+                           {"role": "user", "content": "Another"}]
+        b = httpx.post(f"{s.url}/v1/chat/completions", json={"messages": history}).json()
+        cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= a["usage"]["prompt_tokens"] - 1
+        assert b["edgespec"]["prompt_cached"] == cached < b["usage"]["prompt_tokens"]
+
+
+def test_official_openai_client_reads_it():
+    with served() as s:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["fake-model"]
+        whole = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
+        assert whole.choices[0].message.content == REPLY
+        assert whole.usage.prompt_tokens_details.cached_tokens >= 0
+        assert whole.model_extra["edgespec"]["drafted"] == len(REPLY)
+        parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "hi"}], stream=True) if c.choices]
+        assert "".join(parts) == REPLY
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=-1)
+        assert err.value.param == "max_tokens"
+
+
+# ---- bad requests: OpenAI-shaped 4xx -----------------------------------------------------------
+@pytest.mark.parametrize("body,param,status", [
+    (b"{not json", None, 400),
+    (b"[1, 2]", None, 400),
+    (json.dumps(chat_body(max_tokens=-5)).encode(), "max_tokens", 400),
+    (json.dumps(chat_body(max_tokens=0)).encode(), "max_tokens", 400),
+    (json.dumps(chat_body(max_tokens=10**6)).encode(), "max_tokens", 400),
+    (json.dumps(chat_body(temperature=-1)).encode(), "temperature", 400),
+    (json.dumps(chat_body(top_p=0)).encode(), "top_p", 400),
+    (json.dumps(chat_body(n=2)).encode(), "n", 400),
+    (json.dumps(chat_body(stop=["a"] * 17)).encode(), "stop", 400),
+    (json.dumps({"model": "x"}).encode(), "messages", 400),
+    (json.dumps({"messages": []}).encode(), "messages", 400),
+    (json.dumps({"messages": [{"role": "tool", "content": "x"}]}).encode(), "messages", 400),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(), "messages", 400),
+])
+def test_bad_requests_are_openai_shaped_400s(shared, body, param, status):
+    before = len(shared.engine.generations)
+    r = httpx.post(f"{shared.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]
+    if param is not None:
+        assert err["param"] == param or err["param"].startswith(param), err
+    assert len(shared.engine.generations) == before  # nothing reached the models
+
+
+def test_content_parts_and_developer_role_are_accepted():
+    with served() as s:
+        body = {"messages": [{"role": "developer", "content": "Be brief."},
+                             {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]}
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len("<system>Be brief.</><user>Hi there</><assistant>")
+
+
+def test_prompt_longer_than_the_context_is_a_400():
+    with served() as s:
+        r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "x" * 3000})
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_body_size_is_capped():
+    with served(max_request_bytes=2048) as s:
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body("x" * 4096))
+        assert r.status_code == 413
+        assert "2048" in r.json()["error"]["message"]
+
+
+def test_unknown_route_is_openai_shaped_404():
+    with served() as s:
+        r = httpx.get(f"{s.url}/v1/nothing")
+        assert r.status_code == 404 and "error" in r.json()
+
+
+def test_api_key():
+    with served(api_key="sekrit") as s:
+        assert httpx.get(f"{s.url}/health").status_code == 200  # health stays open for probes
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}):
+            r = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body(), headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            assert httpx.get(f"{s.url}/v1/models", headers=headers).status_code == 401
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body(), headers={"Authorization": "Bearer sekrit"})
+        assert r.status_code == 200
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{s.url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+# ---- one generation at a time ------------------------------------------------------------------
+def test_concurrent_requests_queue_and_all_complete():
+    engine = FakeEngine()
+    engine.gate.clear()
+    with served(engine) as s:
+        results = [None] * 3
+
+        def ask(i):
+            results[i] = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body(f"question {i}"), timeout=30)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        assert engine.waiting.wait(5)
+        time.sleep(0.2)  # let the other two reach the queue while the first is held
+        engine.gate.set()
+        for t in threads:
+            t.join(30)
+        assert [r.status_code for r in results] == [200, 200, 200]
+        assert all(r.json()["choices"][0]["message"]["content"] == REPLY for r in results)
+        assert len(engine.generations) == 3 and all(g["closed"] for g in engine.generations)
+        assert engine.threads == {"edgespec-generate"}
+
+
+def test_full_queue_is_503_with_retry_after():
+    engine = FakeEngine()
+    engine.gate.clear()
+    with served(engine, max_queue=1) as s:
+        threads = [threading.Thread(target=httpx.post, args=(f"{s.url}/v1/chat/completions",),
+                                    kwargs={"json": chat_body(), "timeout": 30}) for _ in range(2)]
+        threads[0].start()
+        assert engine.waiting.wait(5)  # one generating
+        threads[1].start()
+        deadline = time.monotonic() + 5
+        while s.worker.waiting < 1:  # one waiting
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body())
+        assert r.status_code == 503
+        assert r.headers["retry-after"].isdigit()
+        assert r.json()["error"]["code"] == "queue_full"
+        engine.gate.set()
+        for t in threads:
+            t.join(30)
+
+
+def test_client_leaving_mid_stream_stops_generation_and_frees_the_models():
+    engine = FakeEngine()
+    with served(engine) as s:
+        engine.gate.clear()
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=chat_body(stream=True)) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")  # the role chunk
+            assert engine.waiting.wait(5)
+            job = s.worker.current
+        # closed mid-answer; once the server notices, let the held token through: generation must stop after it
+        deadline = time.monotonic() + 5
+        while not job.cancelled.is_set():
+            assert time.monotonic() < deadline, "the server did not notice the client leaving"
+            time.sleep(0.01)
+        engine.gate.set()
+        deadline = time.monotonic() + 5
+        while not engine.generations[0]["closed"]:
+            assert time.monotonic() < deadline, "generation kept running after the client left"
+            time.sleep(0.01)
+        assert engine.generations[0]["emitted"] == 1
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body())
+        assert r.json()["choices"][0]["message"]["content"] == REPLY
+        counts = httpx.get(f"{s.url}/health").json()["served"]
+        assert counts == {"requests": 2, "completed": 1, "cancelled": 1, "failed": 0, "tokens": 1 + len(REPLY)}
+
+
+def test_client_leaving_while_waiting_for_a_whole_answer_stops_it():
+    engine = FakeEngine()
+    with served(engine) as s:
+        engine.gate.clear()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{s.url}/v1/chat/completions", json=chat_body(), timeout=0.5)
+        assert engine.waiting.is_set()
+        job = s.worker.current
+        deadline = time.monotonic() + 5
+        while not job.cancelled.is_set():
+            assert time.monotonic() < deadline, "the server did not notice the client leaving"
+            time.sleep(0.01)
+        engine.gate.set()
+        deadline = time.monotonic() + 5
+        while not engine.generations[0]["closed"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert engine.generations[0]["emitted"] == 1
+
+
+# ---- shutdown ----------------------------------------------------------------------------------
+def test_shutdown_ends_a_stream_with_an_error_chunk():
+    engine = FakeEngine()
+    with served(engine) as s:
+        engine.gate.clear()
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=chat_body(stream=True), timeout=10) as r:
+            lines = r.iter_lines()
+            next(lines)
+            assert engine.waiting.wait(5)
+            s.server.handle_exit(2, None)  # what SIGINT does
+            engine.gate.set()
+            rest = sse_events(lines)
+        assert rest[-1]["error"]["code"] == "shutting_down"
+        assert "[DONE]" not in rest
+        s.thread.join(10)
+        assert not s.thread.is_alive()
+        assert s.worker.join(5)
+
+
+def test_official_client_raises_on_the_error_chunk():
+    engine = FakeEngine()
+    with served(engine) as s:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
+        engine.gate.clear()
+        chunks = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], stream=True)
+        it = iter(chunks)
+        next(it)
+        assert engine.waiting.wait(5)
+        s.server.handle_exit(15, None)
+        engine.gate.set()
+        with pytest.raises(openai.APIError, match="shutting down"):
+            for _ in it:
+                pass
+
+
+# ---- listening ---------------------------------------------------------------------------------
+def test_port_in_use_is_a_one_line_config_error():
+    from edgespec.errors import ConfigError
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(ConfigError, match="already in use"):
+            bind("127.0.0.1", port)
+
+
+def test_loopback_detection():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.3.2.1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
