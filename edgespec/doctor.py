@@ -20,6 +20,7 @@ class ModelReport:
     path: Path | None = None
     info: GGUFInfo | None = None
     error: str | None = None
+    error_code: int | None = None  # the exit code of the error (3 missing, 4 not a usable GGUF, ...)
 
     def to_json(self) -> dict:
         if self.info is None:
@@ -56,6 +57,14 @@ class DoctorReport:
                 checks.append(item[0])
         return all(checks)
 
+    @property
+    def exit_code(self) -> int:
+        """0 when all is well; an unreadable model's own code (3 missing, 4 malformed); else 1."""
+        for m in self.models:
+            if m.error is not None:
+                return m.error_code or 1
+        return 0 if self.ok else 1
+
     def to_json(self) -> dict:
         pair = None if self.pair is None else {"compatible": self.pair[0], "detail": self.pair[1]}
         fit = None if self.fit is None else {"fits": self.fit[0], "detail": self.fit[1]}
@@ -73,9 +82,17 @@ def inspect_model(ref: str) -> ModelReport:
     try:
         report.path = models.resolve(ref, allow_download=False)
         report.info = read_gguf(report.path, vocab=True)
+        _check_readable(report.info)
     except EdgespecError as err:
-        report.error = err.message
+        report.info = None
+        report.error, report.error_code = err.message, err.exit_code
     return report
+
+
+def _check_readable(info: GGUFInfo) -> None:
+    # What the report shows must be there: a header can parse and still lack these.
+    for name in ("architecture", "quant", "n_params", "n_layers", "n_ctx_train"):
+        getattr(info, name)
 
 
 def check_pair(target: ModelReport, draft: ModelReport) -> tuple[bool, str]:
@@ -127,6 +144,8 @@ def diagnose(refs: list[str]) -> DoctorReport:
     if len(refs) > 2:
         raise EdgespecError("doctor takes one model, or a target and a draft")
     report.models = [inspect_model(r) for r in refs]
+    if any(m.error is not None for m in report.models):
+        return report  # the error line says it all; pair and fit cannot be judged without the model
     if len(report.models) == 2:
         report.pair = check_pair(report.models[0], report.models[1])
     report.fit = check_fit(report.models[0], report.models[1] if len(report.models) == 2 else None)

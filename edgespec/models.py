@@ -30,7 +30,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import BinaryIO, Callable, Protocol
@@ -43,7 +45,10 @@ else:  # pragma: no cover
 
 from edgespec.errors import ConfigError, DownloadError, ModelFileError, ModelNotFoundError
 from edgespec.gguf import read_gguf
+from edgespec import paths
 from edgespec.paths import models_dir
+
+log = logging.getLogger("edgespec")
 
 CHUNK = 4 << 20
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -137,11 +142,16 @@ class ModelEntry:
         return tuple(s for s, v in (("hf", self.hf), ("pack", self.pack)) if v is not None)
 
 
+BUILTIN = "built-in"  # the origin of entries from the packaged models.toml
+
+
 @dataclass(frozen=True)
 class Registry:
     models: dict[str, ModelEntry]
     pairs: dict[str, tuple[str, str]]  # name -> (target, draft)
     default_pair: str
+    # model or pair name -> where its entry came from: "built-in" or the user registry's path
+    origin: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         for name, (target, draft) in self.pairs.items():
@@ -179,28 +189,131 @@ def _unknown_message(name: str, known: list[str], what: str = "model") -> str:
     return f"unknown {what} {name!r} ({hint})"
 
 
+def user_registry_path() -> Path:
+    """The user's own registry, merged over the built-in one: $EDGESPEC_HOME/models.toml."""
+    return paths.home() / "models.toml"
+
+
 def load_registry(path=None) -> Registry:
-    """Read and validate models.toml (the packaged one by default)."""
-    label, data = _read_toml(path)
+    """The built-in registry with the user's ($EDGESPEC_HOME/models.toml) merged over it; with
+    `path`, that one file alone, strictly.
+
+    The built-in file ships with edgespec, so any fault in it is an error. A fault in the user's
+    file costs only the entry it is in: one warning line naming the file and key, and the rest
+    (the built-in entries above all) keeps working.
+    """
+    if path is not None:
+        label, data = _read_toml(path)
+        try:
+            return _build_registry(data, label)
+        except ValueError as err:
+            raise ConfigError(f"{label}: {err}") from None
+    label, data = _read_toml(None)
     try:
-        return _build_registry(data, label)
+        builtin = _build_registry(data, label)
     except ValueError as err:
         raise ConfigError(f"{label}: {err}") from None
+    return _merge_user(builtin, user_registry_path())
+
+
+def _builtin_registry_bytes() -> bytes:
+    # Installed: package data (a copy of the top-level file). A source checkout also has the
+    # top-level models.toml itself, which the package's entry links to.
+    try:
+        return resources.files("edgespec").joinpath("models.toml").read_bytes()
+    except OSError:
+        return (Path(__file__).resolve().parent.parent / "models.toml").read_bytes()
 
 
 def _read_toml(path) -> tuple[str, dict]:
     try:
         if path is None:
-            raw = resources.files("edgespec").joinpath("models.toml").read_bytes()
-            label = "edgespec/models.toml"
+            raw, label = _builtin_registry_bytes(), "models.toml (built-in)"
         else:
             raw, label = Path(path).read_bytes(), str(path)
     except OSError as err:
-        raise ConfigError(f"cannot read model registry {path}: {err.strerror or err}") from None
+        raise ConfigError(f"cannot read model registry {path or 'models.toml (built-in)'}: {err.strerror or err}") from None
     try:
         return label, tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{label}: invalid TOML: {err}") from None
+
+
+# -- the user's registry -----------------------------------------------------------------------
+
+_warned: set[str] = set()
+
+
+def _warn(message: str) -> None:
+    """One warning line, once per process (the registry is read several times per command)."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
+def _merge_user(builtin: Registry, path: Path) -> Registry:
+    origin = {name: BUILTIN for name in (*builtin.models, *builtin.pairs)}
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return replace(builtin, origin=origin)
+    except OSError as err:
+        _warn(f"{path}: cannot read ({err.strerror or err}); using the built-in registry only")
+        return replace(builtin, origin=origin)
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        _warn(f"{path}: invalid TOML ({err}); using the built-in registry only")
+        return replace(builtin, origin=origin)
+    label = str(path)
+    for key in sorted(set(data) - {"default_pair", "models", "pairs"}):
+        _warn(f"{label}: unknown key {key!r} ignored")
+    models = dict(builtin.models)
+    for name, table in _user_tables(data, "models", label).items():
+        try:
+            models[name] = _build_entry(name, table)
+        except (ValueError, TypeError) as err:
+            _warn(f"{label}: models.{name}: {err}; entry ignored")
+            continue
+        origin[name] = label
+    # A built-in pair naming a model the user replaced still works: names are kept.
+    pairs = dict(builtin.pairs)
+    for name, table in _user_tables(data, "pairs", label).items():
+        try:
+            target, draft = _build_pair(name, table)
+            for role, model in (("target", target), ("draft", draft)):
+                if model not in models:
+                    raise ValueError(f"{role} {model!r} is not a known model")
+        except ValueError as err:
+            message = str(err).removeprefix(f"pairs.{name}: ")
+            _warn(f"{label}: pairs.{name}: {message}; entry ignored")
+            continue
+        pairs[name] = (target, draft)
+        origin[name] = label
+    default = builtin.default_pair
+    if "default_pair" in data:
+        value = data["default_pair"]
+        if isinstance(value, str) and value in pairs:
+            default = value
+        else:
+            _warn(f"{label}: default_pair: {value!r} is not a known pair; keeping {default!r}")
+    return Registry(models=models, pairs=pairs, default_pair=default, origin=origin)
+
+
+def _user_tables(data: dict, key: str, label: str) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        _warn(f"{label}: {key} must be a table of tables ([{key}.\"NAME\"]); ignored")
+        return {}
+    good = {}
+    for name, table in value.items():
+        if not isinstance(table, dict):
+            _warn(f"{label}: {key}.{name} must be a table; entry ignored")
+        elif not _NAME.match(name):
+            _warn(f"{label}: {key}.{name}: name may hold only letters, digits and . _ + -; entry ignored")
+        else:
+            good[name] = table
+    return good
 
 
 def _build_registry(data: dict, label: str) -> Registry:
@@ -215,7 +328,9 @@ def _build_registry(data: dict, label: str) -> Registry:
     default = data.get("default_pair")
     if not isinstance(default, str):
         raise ValueError("default_pair must be a string naming a pair")
-    return Registry(models=models, pairs=pairs, default_pair=default)
+    origin = BUILTIN if label == "models.toml (built-in)" else label
+    return Registry(models=models, pairs=pairs, default_pair=default,
+                    origin={name: origin for name in (*models, *pairs)})
 
 
 def _table(data: dict, key: str) -> dict:
@@ -308,12 +423,20 @@ def _sidecar(entry: ModelEntry) -> Path:
 
 
 def is_cached(entry: ModelEntry) -> bool:
-    """In the cache with the right size and a sidecar saying it was verified."""
+    """In the cache with the right size and a sidecar saying it was verified since it last changed.
+
+    Hashing a gigabyte at every start is too slow, so the record is trusted while it is newer than
+    the file; a file changed afterwards (edited or replaced in place) is hashed again.
+    """
     path = cached_path(entry)
     try:
-        if path.stat().st_size != entry.size:
+        stat = path.stat()
+        if stat.st_size != entry.size:
             return False
-        return _sidecar(entry).read_text().split()[:1] == [entry.sha256]
+        sidecar = _sidecar(entry)
+        if sidecar.stat().st_mtime_ns < stat.st_mtime_ns:
+            return False
+        return sidecar.read_text().split()[:1] == [entry.sha256]
     except (OSError, UnicodeDecodeError):
         return False
 
@@ -326,16 +449,29 @@ def _write_sidecar(entry: ModelEntry) -> None:
 
 
 def _adopt_existing(entry: ModelEntry, progress: Progress) -> bool:
-    """A cache file without a valid sidecar (e.g. copied in by hand): trust it only if it hashes right."""
+    """A cache file without a valid sidecar (copied in by hand, or its record lost or damaged):
+    trust it only if it hashes right. Either way one warning line says what happened to it."""
     path = cached_path(entry)
     try:
-        if path.stat().st_size != entry.size:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        _warn(f"{path}: cannot read ({err.strerror or err}); not used")
+        return False
+    untrusted = "not trusted (a download replaces it: edgespec models pull " + entry.name + ")"
+    try:
+        if size != entry.size:
+            _warn(f"{path}: {size} bytes, but the registry says {entry.size}; {untrusted}")
             return False
         if _hash_file(path, f"verifying {entry.name}", progress) != entry.sha256:
+            _warn(f"{path}: its sha256 does not match the registry's; {untrusted}")
             return False
         _write_sidecar(entry)
-    except OSError:  # unreadable, or a read-only cache: fetch as if it were absent
+    except OSError as err:  # unreadable, or a read-only cache: fetch as if it were absent
+        _warn(f"{path}: cannot verify ({err.strerror or err}); not used")
         return False
+    _warn(f"{path}: its sha256 record was missing or wrong; the file hashed correctly and is kept")
     return True
 
 
@@ -400,15 +536,50 @@ def _local_path(ref: str) -> Path | None:
 
 
 def _resolve_entry(entry: ModelEntry, progress: Progress, allow_download: bool) -> Path:
-    if is_cached(entry) or _adopt_existing(entry, progress):
+    if is_cached(entry):
         return cached_path(entry)
     if not allow_download:
-        if entry.hf and _from_hf_cache_only(entry, progress):
+        if _adopt_existing(entry, progress) or (entry.hf and _from_hf_cache_only(entry, progress)):
             return cached_path(entry)
         raise ModelNotFoundError(
             f"model {entry.name} is not downloaded (run: edgespec models pull {entry.name})"
         )
-    return _fetch(entry, progress)
+    with _fetch_lock(entry, progress):
+        # Whoever held the lock before us may have just put the file in place.
+        if is_cached(entry) or _adopt_existing(entry, progress):
+            return cached_path(entry)
+        return _fetch(entry, progress)
+
+
+@contextmanager
+def _fetch_lock(entry: ModelEntry, progress: Progress):
+    """One process at a time fetches a model; the others wait, then find it cached.
+
+    The lock lives outside models/ (under $EDGESPEC_HOME/locks) so the cache holds only models and
+    their sha256 records. Where no lock can be made (a read-only home) fetching goes on unlocked:
+    each fetch still lands by an atomic rename of a verified file.
+    """
+    from filelock import FileLock, Timeout
+
+    path = paths.home() / "locks" / f"{entry.name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            progress.start(f"waiting for another edgespec process fetching {entry.name}", None)
+            try:
+                lock.acquire()
+            finally:
+                progress.done()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _fetch(entry: ModelEntry, progress: Progress) -> Path:
@@ -743,6 +914,7 @@ class ModelRow:
     size: int
     cached: bool
     sources: str  # e.g. "hf, pack", in the order they are tried
+    origin: str = BUILTIN  # "built-in", or the path of the user registry that defines it
 
 
 def list_models(registry: Registry | None = None) -> list[ModelRow]:
@@ -756,6 +928,7 @@ def list_models(registry: Registry | None = None) -> list[ModelRow]:
             size=e.size,
             cached=is_cached(e),
             sources=", ".join(e.sources),
+            origin=registry.origin.get(e.name, BUILTIN),
         )
         for e in registry.models.values()
     ]

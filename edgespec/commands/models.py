@@ -19,16 +19,23 @@ def models():
 @models.command("list", context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True)
 def models_list(as_json):
-    """Registry models, their size, and whether they are cached."""
+    """Registry models and pairs, where each comes from, their size, and whether they are cached.
+
+    The built-in registry is merged with your own, $EDGESPEC_HOME/models.toml (same format): an
+    entry there adds a model or pair, or replaces the built-in one of the same name.
+    """
     from .. import models as registry
     from ..render import stdout_console
-    from ..render.common import models_table
+    from ..render.common import models_table, pairs_table
 
-    rows = registry.list_models(registry.load_registry())
+    reg = registry.load_registry()
+    rows = registry.list_models(reg)
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(r) for r in rows]))
         return
-    stdout_console().print(models_table(rows))
+    out = stdout_console()
+    out.print(models_table(rows))
+    out.print(pairs_table(reg))
 
 
 @models.command("pull", context_settings=CONTEXT)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import click
@@ -19,11 +23,94 @@ class State:
     verbose: bool = False
 
 
+# ---- signals -----------------------------------------------------------------------------------
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived. A BaseException, like KeyboardInterrupt, so that it unwinds
+    through every `finally` (temp files removed, KV caches settled, progress bars stopped) and
+    no `except Exception` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_TERMINATING = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+def _on_terminate(signum, frame):
+    # A second signal while unwinding must not cut the clean-up short: ignore the rest.
+    for sig in _TERMINATING:
+        signal.signal(sig, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+@contextmanager
+def _terminate_by_exception():
+    """SIGTERM/SIGHUP raise Terminated in the main thread while a command runs (restored after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {}
+    for sig in _TERMINATING:
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # started under nohup (or told to ignore it): keep ignoring
+        old[sig] = signal.signal(sig, _on_terminate)
+    try:
+        yield
+    except Terminated:
+        raise  # the handlers stay on "ignore" until the process has said its line and exited
+    except BaseException:
+        _restore(old)
+        raise
+    _restore(old)
+
+
+def _restore(old: dict) -> None:
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
+# ---- warnings ----------------------------------------------------------------------------------
+class _WarningLine(logging.Handler):
+    """Library warnings (logger "edgespec") as one line each on stderr: `warning: ...`."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(f"warning: {record.getMessage()}", err=True)
+        except Exception:  # a closed stderr must not turn a warning into a failure
+            pass
+
+
+@contextmanager
+def _warning_lines():
+    log = logging.getLogger("edgespec")
+    handler = _WarningLine(logging.WARNING)
+    old_propagate = log.propagate
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.propagate = old_propagate
+
+
+def _say(line: str) -> None:
+    try:
+        click.echo(line, err=True)
+    except Exception:  # after SIGHUP the terminal may be gone: the exit status still tells
+        pass
+
+
 # ---- the error boundary ------------------------------------------------------------------------
 def main(argv=None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        cli.main(args=argv, prog_name="edgespec", standalone_mode=False)
+        with _terminate_by_exception(), _warning_lines():
+            cli.main(args=argv, prog_name="edgespec", standalone_mode=False)
+    except Terminated as sig:
+        _say(f"terminated ({signal.Signals(sig.signum).name})")
+        sys.exit(128 + sig.signum)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

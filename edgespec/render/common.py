@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 from rich.text import Text
@@ -61,11 +62,22 @@ def styled(text: str, sources: Iterable[str], show_drafts: bool) -> Text:
 
 
 def models_table(rows) -> Table:
-    t = Table(title="models (models.toml)")
-    for col in ("name", "family", "params", "quant", "size", "cached", "sources"):
+    t = Table(title="models (built-in models.toml, and $EDGESPEC_HOME/models.toml where present)")
+    for col in ("name", "family", "params", "quant", "size", "cached", "sources", "from"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r.name, r.family, r.params, r.quant, human_bytes(r.size), "[green]yes[/]" if r.cached else "no", r.sources)
+        t.add_row(escape(r.name), escape(r.family), escape(r.params), escape(r.quant), human_bytes(r.size),
+                  "[green]yes[/]" if r.cached else "no", r.sources, escape(r.origin))
+    return t
+
+
+def pairs_table(registry) -> Table:
+    t = Table(title="pairs (target + draft)")
+    for col in ("name", "target", "draft", "from"):
+        t.add_column(col)
+    for name, (target, draft) in registry.pairs.items():
+        label = f"{escape(name)} [bold](default)[/]" if name == registry.default_pair else escape(name)
+        t.add_row(label, escape(target), escape(draft), escape(registry.origin.get(name, "built-in")))
     return t
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 
 from .common import doctor_model_table
 
@@ -11,10 +12,17 @@ def _mark(ok: bool) -> str:
     return "[green]ok[/]" if ok else "[red]problem[/]"
 
 
+def problem_line(ref: str, error: str) -> str:
+    """`REF: what is wrong`, naming REF once: most errors already start with the path."""
+    if error.startswith(f"{ref}:") or ref in error:
+        return f"[red]problem[/] {escape(error)}"
+    return f"[red]{escape(ref)}[/]: {escape(error)}"
+
+
 def render_doctor(console: Console, report) -> None:
     for m in report.models:
         if m.info is None:
-            console.print(f"[red]{m.ref}[/]: {m.error}")
+            console.print(problem_line(m.ref, m.error))
         else:
             console.print(doctor_model_table(m.path, m.info))
     if report.pair is not None:
