@@ -80,7 +80,7 @@ def serve(host, port, api_key, alias, max_queue, max_tokens_cap, max_request_byt
               f"{', API key required' if api_key else ''}  (Ctrl-C stops)")
     run_server(create_app(worker, settings), sock, worker.shutdown)
     worker.shutdown()
-    if not worker.join(timeout=10):
+    if not worker.join(timeout=3):
         # Still inside one long llama.cpp call (a big prompt's prefill): freeing the models under
         # it would crash, and the process is leaving anyway.
         err.print("server stopped (a generation was still running)")

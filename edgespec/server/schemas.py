@@ -49,7 +49,7 @@ class _Request(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = Field(None, ge=-1, lt=2**63)  # -1: random, as in llama.cpp
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, le=1)  # one choice per request
 
