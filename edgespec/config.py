@@ -71,6 +71,7 @@ class LoadConfig:
     type_k: str = "f16"
     type_v: str = "f16"
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers whose devices join the plan
+    gpu_memory: int | None = None  # bytes: --gpu-memory, the most the plan may put on each local GPU
 
     def __post_init__(self):
         _require(bool(self.target), "no target model: pass -m/--model or --pair")
@@ -80,5 +81,7 @@ class LoadConfig:
             _require(value is None or 1 <= value <= 1024, f"{flag} must be >= 1 (got {value})")
         for flag, value in (("-ngl", self.n_gpu_layers), ("-ngld", self.n_gpu_layers_draft)):
             _require(value is None or value >= 0, f"{flag} must be >= 0 (got {value})")
+        _require(self.gpu_memory is None or 0 <= self.gpu_memory <= 1 << 50,
+                 f"--gpu-memory must be a size >= 0 such as 1.5G or 800M (got {self.gpu_memory} bytes)")
         for flag, value in (("-ctk", self.type_k), ("-ctv", self.type_v)):
             _require(value in KV_TYPES, f"{flag} must be one of {', '.join(KV_TYPES)} (got {value!r})")

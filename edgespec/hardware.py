@@ -223,6 +223,33 @@ def cpu_build_flags(features: Iterable[str]) -> str:
     return " ".join(flags)
 
 
+# --- sizes ---------------------------------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>[KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "K": 1024, "M": MiB, "G": GiB, "T": 1024 * GiB}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a memory size as users write it: 1.5G, 800M, 2GiB, 512MB (binary units, as GPU
+    tools report memory); a bare number is bytes. Raises ValueError naming the accepted forms."""
+    match = _SIZE.match(text or "")
+    if match is None:
+        raise ValueError(f"not a memory size: {text!r} (examples: 1.5G, 800M, 2GiB)")
+    return int(float(match.group("num")) * _SIZE_UNITS[match.group("unit").upper()])
+
+
+def parse_size_option(text: str | None, flag: str) -> int | None:
+    """parse_size for a command-line value: None/empty is unset; a bad size is a ConfigError naming the flag."""
+    from edgespec.errors import ConfigError
+
+    if text is None or not str(text).strip():
+        return None
+    try:
+        return parse_size(str(text))
+    except ValueError as err:
+        raise ConfigError(f"{flag}: {err}") from None
+
+
 # --- GPUs ----------------------------------------------------------------------------------
 
 

@@ -259,13 +259,16 @@ def gpu_margin(gpu: GPUInfo) -> int:
     return int(gpu.total_bytes * GPU_MARGIN_FRACTION) + GPU_MARGIN_FIXED
 
 
-def _budget(hw: HardwareInfo) -> _Budget:
+def _budget(hw: HardwareInfo, gpu_memory: int | None = None) -> _Budget:
     ram = max(0, hw.ram_available - ram_headroom(hw))
     # RPC devices work whatever this build can offload locally: they are other machines'.
     usable = [g for g in hw.gpus if g.remote or hw.gpu_offload_supported]
     gpus = tuple(sorted(usable, key=lambda g: g.index))
     unified = any(g.unified_memory for g in gpus)
     gpu = tuple(max(0, g.free_bytes - gpu_margin(g)) for g in gpus)
+    if gpu_memory is not None:
+        # --gpu-memory caps what the plan puts on each local GPU; RPC servers size their own.
+        gpu = tuple(b if g.remote else min(b, gpu_memory) for g, b in zip(gpus, gpu))
     if unified:
         gpu = tuple(b if g.remote else min(b, ram) for g, b in zip(gpus, gpu))
     return _Budget(gpus, gpu, ram, unified)
@@ -512,11 +515,15 @@ def make_plan(hw: HardwareInfo, target: ModelShape, draft: ModelShape | None = N
               n_ctx: int | None = None, type_k: str = "f16", type_v: str = "f16",
               n_gpu_layers: int | None = None, n_gpu_layers_draft: int | None = None,
               threads: int | None = None, threads_draft: int | None = None,
-              n_batch: int = DEFAULT_BATCH, n_ubatch: int = DEFAULT_UBATCH) -> Plan:
+              n_batch: int = DEFAULT_BATCH, n_ubatch: int = DEFAULT_UBATCH,
+              gpu_memory: int | None = None) -> Plan:
     """Place target (and draft) on hw. n_ctx=None lets the planner pick (and shrink) the
-    context; n_gpu_layers* = -1 means all layers. Raises PlanError when the pair cannot fit."""
+    context; n_gpu_layers* = -1 means all layers; gpu_memory (bytes) caps what the plan puts
+    on each local GPU. Raises PlanError when the pair cannot fit."""
     _check_requests(n_ctx, type_k, type_v, threads, threads_draft, n_batch, n_ubatch)
-    budget = _budget(hw)
+    if gpu_memory is not None and gpu_memory < 0:
+        raise ConfigError(f"--gpu-memory must be >= 0, got {gpu_memory}")
+    budget = _budget(hw, gpu_memory)
     warnings = _offload_warnings(hw)
     ngl_t, ngl_d = _clamp_ngl(n_gpu_layers, target), _clamp_ngl(n_gpu_layers_draft, draft)
     if not budget.gpus and (ngl_t or ngl_d):
@@ -530,6 +537,10 @@ def make_plan(hw: HardwareInfo, target: ModelShape, draft: ModelShape | None = N
         raise PlanError(_refusal(request, best, fixed_ctx=n_ctx is not None))
 
     warnings += _context_warnings(best, contexts[0], target, draft, n_ctx is not None)
+    over_cap = _over_cap(request, best, gpu_memory) if best.gpu_overcommitted and gpu_memory is not None else None
+    if over_cap:
+        # Explicit layer counts against an explicit cap: the user asked for both; say which gives.
+        raise PlanError(over_cap)
     if best.gpu_overcommitted:
         warnings.append("the requested GPU layer counts exceed the estimated free GPU memory; loading may fail")
     return _assemble(hw, request, best, n_batch, threads, threads_draft, warnings)
@@ -576,6 +587,27 @@ def _context_warnings(best: _Joint, wanted: int, target: ModelShape, draft: Mode
 
 
 # --- refusal -------------------------------------------------------------------------------
+
+
+def _over_cap(request: _Request, best: _Joint, cap: int) -> str | None:
+    """The refusal when explicit layer counts overrun --gpu-memory on a local GPU; None when no
+    capped device is overrun (free memory alone being short stays a warning, as without a cap)."""
+    budget = request.budget
+    used = [t + (best.draft.gpu_used[i] if best.draft else 0) for i, t in enumerate(best.target.gpu_used)]
+    over = [i for i, (g, u, b) in enumerate(zip(budget.gpus, used, budget.gpu))
+            if u > b and not g.remote and b == cap]
+    if not over:
+        return None
+    i = over[0]
+    parts = []
+    for fit, flag, asked, what in ((best.target, "-ngl", request.ngl_target, "target"),
+                                   (best.draft, "-ngld", request.ngl_draft, "draft")):
+        if fit is not None and fit.gpu_used[i]:
+            parts.append(f"{flag} {fit.k}" if asked is not None else f"the {what}'s {fit.k} planned GPU layers")
+    layers = " and ".join(parts)
+    return (f"{layers} need ~{used[i] / MiB:.0f} MiB on {budget.gpus[i].label} but --gpu-memory allows "
+            f"{cap / MiB:.0f} MiB there; lower the layer counts or raise --gpu-memory "
+            "(or drop -ngl/-ngld and let the plan fit them)")
 
 
 def _gib(n: float) -> str:

@@ -85,6 +85,7 @@ def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: Hard
         n_gpu_layers_draft=load.n_gpu_layers_draft,
         threads=load.threads,
         threads_draft=load.threads_draft,
+        gpu_memory=load.gpu_memory,
     )
     saved = profile_store.load_profile(hw, profile_key(target_path), profile_key(draft_path) if draft_path else None)
     if saved is None and draft_path is not None:

@@ -28,6 +28,9 @@ def model_options(fn):
         click.option("-ctv", "--cache-type-v", type=click.Choice(KV_TYPES), default="f16", show_default=True, envvar="EDGESPEC_CTV"),
         click.option("--rpc", envvar="EDGESPEC_RPC", metavar="HOST:PORT,...",
                      help="llama.cpp RPC servers (`edgespec rpc-server` there) whose devices take target layers."),
+        click.option("--gpu-memory", envvar="EDGESPEC_GPU_MEMORY", metavar="SIZE",
+                     help="Most GPU memory the plan may use on each GPU of this machine, e.g. 1.5G or 800M "
+                          "(default: what is free, less a margin); layers that do not fit stay on the CPU."),
         click.option("--exact", is_flag=True, envvar="EDGESPEC_EXACT",
                      help="Batch-invariant kernels: greedy output identical to plain decoding token for token "
                           "(slower: no weight repacking or flash attention, verify batches of at most 7 rows). "
@@ -70,6 +73,7 @@ def sampling_config(kw) -> SamplingConfig:
 
 
 def load_config(kw, spec: SpecConfig) -> LoadConfig:
+    from ..hardware import parse_size_option
     from ..session import choose_models
 
     choice = choose_models(kw["model"], kw["model_draft"], kw["pair"], spec)
@@ -77,6 +81,7 @@ def load_config(kw, spec: SpecConfig) -> LoadConfig:
         target=choice.target, draft=choice.draft, n_ctx=kw["ctx_size"], threads=kw["threads"],
         threads_draft=kw["threads_draft"], n_gpu_layers=kw["n_gpu_layers"], n_gpu_layers_draft=kw["n_gpu_layers_draft"],
         type_k=kw["cache_type_k"], type_v=kw["cache_type_v"], rpc=parse_rpc(kw["rpc"]),
+        gpu_memory=parse_size_option(kw.get("gpu_memory"), "--gpu-memory"),
     )
 
 

@@ -290,3 +290,87 @@ def test_model_shape_from_gguf_and_validation():
         dataclasses.replace(shape, n_layers=3)
     with pytest.raises(ModelFileError, match="n_head_kv"):
         dataclasses.replace(shape, n_head_kv=0)
+
+
+# --- --gpu-memory: a cap on what the plan puts on each local GPU --------------------------------
+
+
+def test_parse_size_forms():
+    from edgespec.hardware import parse_size, parse_size_option
+
+    assert parse_size("1.5G") == 1536 * MiB
+    assert parse_size("800M") == 800 * MiB
+    assert parse_size("800m") == 800 * MiB
+    assert parse_size("2GiB") == 2 * GiB
+    assert parse_size("512MB") == 512 * MiB
+    assert parse_size(" 64K ") == 64 * 1024
+    assert parse_size("4096") == 4096
+    assert parse_size("0") == 0
+    for bad in ("", "lots", "1.5X", "-1G", "1..5G", "G"):
+        with pytest.raises(ValueError, match="examples: 1.5G"):
+            parse_size(bad)
+    assert parse_size_option(None, "--gpu-memory") is None
+    assert parse_size_option("  ", "--gpu-memory") is None
+    with pytest.raises(ConfigError, match="^--gpu-memory: not a memory size: 'lots'"):
+        parse_size_option("lots", "--gpu-memory")
+
+
+def test_load_config_validates_gpu_memory():
+    from edgespec.config import LoadConfig
+
+    assert LoadConfig(target="t", gpu_memory=800 * MiB).gpu_memory == 800 * MiB
+    assert LoadConfig(target="t", gpu_memory=0).gpu_memory == 0
+    with pytest.raises(ConfigError, match="--gpu-memory"):
+        LoadConfig(target="t", gpu_memory=-1)
+
+
+def test_gpu_memory_caps_the_joint_plan():
+    # The 8 GB GPU above holds both fully (budget 7014.4). Capped at 2048 MiB: the draft first,
+    # fully (1067) -> 981 left; target: output 400 + compute 553 = 953 <= 981, one more layer
+    # (146) would not fit -> ngl 1 (the output layer only).
+    plan = make_plan(machine([gpu(8192, 7680)]), TARGET, DRAFT, n_ctx=8192, gpu_memory=2048 * MiB)
+    assert plan.draft.n_gpu_layers == 25 and mib(plan.draft.gpu_bytes["CUDA0"]) == 1067
+    assert plan.target.n_gpu_layers == 1 and mib(plan.target.gpu_bytes["CUDA0"]) == 953
+    assert plan.devices[0].used <= 2048 * MiB
+    # The cap moved 28 layers back to the CPU: 300 input + 553 compute + 28 * 146
+    assert mib(plan.target.cpu_bytes) == 300 + 553 + 28 * 146
+    # 3000 MiB: 3000 - 1067 - 953 = 980 -> 6 more layers (876) -> ngl 7
+    wider = make_plan(machine([gpu(8192, 7680)]), TARGET, DRAFT, n_ctx=8192, gpu_memory=3000 * MiB)
+    assert wider.target.n_gpu_layers == 7 and wider.devices[0].used <= 3000 * MiB
+
+
+def test_gpu_memory_above_free_changes_nothing_and_zero_means_cpu_only():
+    hw = machine([gpu(6144, 5632)])
+    assert make_plan(hw, TARGET, DRAFT, n_ctx=8192, gpu_memory=64 * GiB) == make_plan(hw, TARGET, DRAFT, n_ctx=8192)
+    none = make_plan(hw, TARGET, DRAFT, n_ctx=8192, gpu_memory=0)
+    assert none.target.n_gpu_layers == 0 and none.draft.n_gpu_layers == 0
+    assert none.target.gpu_bytes == {} and none.draft.gpu_bytes == {}
+
+
+def test_gpu_memory_cap_applies_to_each_local_gpu_not_rpc_servers():
+    hw = machine([GPUInfo("10.0.0.2:50052", "RPC", 16384 * MiB, 12288 * MiB, 0, endpoint="10.0.0.2:50052"),
+                  gpu(8192, 7680, 1)])
+    plan = make_plan(hw, TARGET, DRAFT, n_ctx=8192, gpu_memory=1100 * MiB)
+    # the draft (1067) alone fills the capped local GPU; the target goes to the RPC server
+    assert plan.draft.gpu_bytes == {"CUDA1": 1067 * MiB}
+    assert plan.target.n_gpu_layers == 29
+    assert list(plan.target.gpu_bytes) == ["RPC0[10.0.0.2:50052]"]
+    assert plan.target.gpu_bytes["RPC0[10.0.0.2:50052]"] > 1100 * MiB
+
+
+def test_explicit_layers_over_the_cap_are_refused_before_loading():
+    hw = machine([gpu(8192, 7680)])
+    with pytest.raises(PlanError, match=r"^-ngl 29 and -ngld 25 need ~6108 MiB on CUDA0 but --gpu-memory allows 2048 MiB"):
+        make_plan(hw, TARGET, DRAFT, n_ctx=8192, n_gpu_layers=-1, n_gpu_layers_draft=-1, gpu_memory=2048 * MiB)
+    assert PlanError("x").exit_code == 9
+    # the draft placed by the plan (1067) + -ngl 3 (400 + 2 * 146 + 553) = 2312 > 2048
+    with pytest.raises(PlanError, match=r"^-ngl 3 and the draft's 25 planned GPU layers need ~2312 MiB"):
+        make_plan(hw, TARGET, DRAFT, n_ctx=8192, n_gpu_layers=3, gpu_memory=2048 * MiB)
+    # within the cap (1067 + 953 = 2020), explicit counts are honoured as before
+    ok = make_plan(hw, TARGET, DRAFT, n_ctx=8192, n_gpu_layers=1, gpu_memory=2048 * MiB)
+    assert ok.target.n_gpu_layers == 1 and ok.devices[0].used == 2020 * MiB
+    # without a cap, overrunning free memory stays a warning (llama.cpp may still manage)
+    warned = make_plan(machine([gpu(6144, 5632)]), TARGET, DRAFT, n_ctx=8192, n_gpu_layers=-1)
+    assert any("exceed the estimated free GPU memory" in w for w in warned.warnings)
+    with pytest.raises(ConfigError, match="--gpu-memory"):
+        make_plan(hw, TARGET, gpu_memory=-1)
