@@ -85,7 +85,7 @@ def models_present(model_path):
 def small():
     server = Server("-m", SMALL, "-t", "2", "-n", "24", "--api-key", KEY).wait_ready()
     yield server
-    server.stop()
+    assert server.stop() == 0, server.output()  # SIGINT with nothing in flight: a clean exit
 
 
 def test_lists_models(small):

@@ -484,3 +484,30 @@ def test_port_in_use_is_a_one_line_config_error():
 def test_loopback_detection():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.3.2.1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
+
+
+# ---- the command -------------------------------------------------------------------------------
+@pytest.mark.parametrize("args,message", [
+    (["-n", "100", "--max-tokens-cap", "50"], "above --max-tokens-cap"),
+    (["--api-key", " "], "--api-key is empty"),
+    (["--temperature", "-1"], "--temperature"),
+])
+def test_serve_refuses_bad_options_in_one_line_before_loading(args, message, capsys):
+    from edgespec.commands import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "-m", "/nonexistent/never-loaded.gguf", "--port", str(free_port()), *args])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_served_name():
+    from pathlib import Path
+
+    from edgespec.commands.serve import served_name
+
+    path = Path("/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+    assert served_name("qwen2.5-coder-1.5b-instruct-q4_k_m", path) == "qwen2.5-coder-1.5b-instruct-q4_k_m"
+    assert served_name("/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", path) == "qwen2.5-coder-1.5b-instruct-q4_k_m"
+    assert served_name("hf:Qwen/Repo/file.gguf", Path("/cache/file.gguf")) == "file"
