@@ -39,7 +39,7 @@ def _require(ok: bool, message: str) -> None:
 class SpecConfig:
     mode: str = "auto"
     draft_min: int = 1
-    draft_max: int = 16
+    draft_max: int | None = None  # None: the longest verify batch the profile measured (16 without one)
     draft_p_min: float = 0.5
     ngram_min: int = 1
     ngram_max: int = 4
@@ -47,8 +47,9 @@ class SpecConfig:
     def __post_init__(self):
         _require(self.mode in SPEC_MODES, f"--spec must be one of {', '.join(SPEC_MODES)} (got {self.mode!r})")
         _require(self.draft_min >= 1, f"--draft-min must be >= 1 (got {self.draft_min})")
-        _require(self.draft_max >= self.draft_min, f"--draft-max ({self.draft_max}) must be >= --draft-min ({self.draft_min})")
-        _require(self.draft_max <= 64, f"--draft-max must be <= 64 (got {self.draft_max})")
+        if self.draft_max is not None:
+            _require(self.draft_max >= self.draft_min, f"--draft-max ({self.draft_max}) must be >= --draft-min ({self.draft_min})")
+            _require(self.draft_max <= 64, f"--draft-max must be <= 64 (got {self.draft_max})")
         _require(0.0 <= self.draft_p_min < 1.0, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})")
         _require(1 <= self.ngram_min <= self.ngram_max <= 16, "n-gram sizes need 1 <= min <= max <= 16")
 

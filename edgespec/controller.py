@@ -100,6 +100,23 @@ class Acceptance:
         self.rounds += 1
 
 
+def candidate_ks(lo: int, hi: int) -> list[int]:
+    """Draft lengths worth comparing: every one up to 8, then a sparser grid (speedup is smooth in K,
+    and this runs every round), always including both ends."""
+    grid = [k for k in range(lo, min(hi, 8) + 1)]
+    step = 2
+    k = 10
+    while k < hi:
+        if k >= lo:
+            grid.append(k)
+        k += step
+        step = 4 if k >= 16 else 2
+        step = 8 if k >= 32 else step
+    if hi >= lo and (not grid or grid[-1] != hi):
+        grid.append(hi)
+    return grid
+
+
 @dataclass(frozen=True)
 class Choice:
     k: int
@@ -137,20 +154,23 @@ class Controller:
             reference_v=CostModel(verify=dict(cost.verify), slope=cost.slope).v,
         )
 
-    def estimate(self, key: str) -> Acceptance:
+    def estimate(self, key: str, prior: float | None = None) -> Acceptance:
+        """The acceptance estimate for `key`; a new one starts from the configured prior for the key
+        (or its drafter), else from the drafter's own guess for that state, else 0.5."""
         est = self.acceptance.get(key)
         if est is None:
             base = key.split("/")[0]
-            est = self.acceptance[key] = Acceptance(prior=self.priors.get(key, self.priors.get(base, 0.5)))
+            start = self.priors.get(key, self.priors.get(base, 0.5 if prior is None else prior))
+            est = self.acceptance[key] = Acceptance(prior=start)
         return est
 
-    def choose(self, key: str, draft_cost: float, k_cap: int | None = None) -> Choice:
-        alpha = self.estimate(key).alpha
+    def choose(self, key: str, draft_cost: float, k_cap: int | None = None, *, prior: float | None = None) -> Choice:
+        alpha = self.estimate(key, prior).alpha
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
         best = Choice(0, 1.0)
         # A forced mode with a short proposal still uses what it has.
         lo = self.k_min if self.allow_off else min(self.k_min, max(hi, 1))
-        for k in range(lo, hi + 1):
+        for k in candidate_ks(lo, hi):
             s = speedup(alpha, k, draft_cost, self.cost)
             if s > best.expected_speedup or (not self.allow_off and best.k == 0):
                 best = Choice(k, s)
@@ -164,10 +184,10 @@ class Controller:
         If not, probing it is a sure loss: the cost alone rules it out, whatever it would accept.
         """
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
-        return any(speedup(alpha, k, draft_cost, self.cost) >= gain for k in range(1, hi + 1))
+        return any(speedup(alpha, k, draft_cost, self.cost) >= gain for k in candidate_ks(1, hi))
 
-    def observe(self, key: str, drafted: int, accepted: int) -> None:
-        self.estimate(key).observe(drafted, accepted)
+    def observe(self, key: str, drafted: int, accepted: int, *, prior: float | None = None) -> None:
+        self.estimate(key, prior).observe(drafted, accepted)
 
     # ---- timing ----------------------------------------------------------------------
     def observe_verify(self, n_tokens: int, seconds: float) -> None:

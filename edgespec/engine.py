@@ -19,7 +19,7 @@ from .speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDe
 from .template import Message, render_segments
 
 # Starting acceptance guesses; the controller replaces them with measurements within a few rounds.
-PRIORS = {"draft": 0.6, "ngram": 0.4}
+PRIORS = {"draft": 0.6}  # the n-gram drafter brings its own guess per copy state (drafters.PRIORS)
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,13 @@ class EngineConfig:
     spec: SpecConfig = SpecConfig()
     cost: CostModel | None = None  # measured by `edgespec profile`; None: a CPU-shaped prior
     exact: bool = False  # True: batch-invariant target kernels, greedy output identical to plain decoding
+
+
+def default_draft_max(cost: CostModel | None) -> int:
+    """Draft as far as the profile measured verify batches (a batch holds the drafts plus one token):
+    beyond that the cost model only extrapolates. 16 without a profile."""
+    measured = [k for k in (cost.verify if cost else {}) if k > 1]
+    return max(1, min(64, max(measured) - 1)) if measured else 16
 
 
 def check_compatible(target_path: Path, draft_path: Path) -> None:
@@ -62,6 +69,7 @@ class Engine:
             self.target.close()
             raise
         self.cost = config.cost or CostModel()
+        self.draft_max = config.spec.draft_max or default_draft_max(config.cost)
         self._controller: Controller | None = None
         self._template = self.target.chat_template()
 
@@ -102,7 +110,7 @@ class Engine:
         return Controller(
             replace(self.cost, verify=dict(self.cost.verify)),
             k_min=self.spec.draft_min,
-            k_max=self.spec.draft_max,
+            k_max=max(self.draft_max, self.spec.draft_min),
             allow_off=mode == "auto",
             learn_timing=learn_timing,
             priors=PRIORS,
@@ -129,7 +137,7 @@ class Engine:
         ngram = NgramDrafter(spec.ngram_min, spec.ngram_max) if spec.mode in ("ngram", "combined", "auto") else None
         if spec.mode in ("draft",) and drafter is None:
             raise InputError("--spec draft needs a draft model: pass -md/--model-draft or --pair")
-        settings = SpecSettings(mode=spec.mode, draft_min=spec.draft_min, draft_max=spec.draft_max)
+        settings = SpecSettings(mode=spec.mode, draft_min=spec.draft_min, draft_max=max(self.draft_max, spec.draft_min))
         ctl = self.controller(sampling, spec.mode)
         return SpeculativeDecoder(self.target, sampling, ctl, settings, ngram=ngram, drafter=drafter,
                                   record_margins=record_margins)

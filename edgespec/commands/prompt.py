@@ -69,6 +69,8 @@ def prompt(text, system, raw, as_json, quiet, show_drafts, **kw):
                 final = item
     if as_json:
         click.echo(json.dumps({"text": final.text, "finish_reason": final.finish_reason, "stats": final.stats.to_json()}))
+        if final.finish_reason == "interrupted":
+            sys.exit(130)  # what was generated is printed, but the run did not finish
         return
     out.print()
     out.file.flush()  # the footer goes to stderr: keep it after the answer on a terminal

@@ -1,0 +1,356 @@
+"""Drafters: where proposed tokens come from. Pure: no llama_cpp, no printing.
+
+- `NgramDrafter` (draft-free): follows the copy. When the output is reproducing text that is
+  already in the context (an edited file, quoted lines), it keeps a pointer to where the copy has
+  got to and proposes what follows there, as far as the controller wants. After an edit it finds
+  the copy again within a token or two, and it learns the edit itself (a rename, a changed
+  operator) so later occurrences are proposed already edited. Each proposal says which state it
+  came from (how long the current copy run is, whether it was found near the old copy position),
+  because that, not the drafter as a whole, predicts how much of it the target will accept.
+- `ModelDrafter`: a second, smaller model with the same tokenizer.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .sampling import SamplingConfig, sample, warp
+
+
+class Model(Protocol):
+    n_vocab: int
+    n_ctx: int
+    tokens: list[int]  # what the KV cache holds, in order
+    # optional: max_exact_batch (int | None), the largest batch whose logits equal 1-token decoding
+
+    def decode(self, tokens: Sequence[int], logits_for: Sequence[int] = ()) -> np.ndarray: ...
+
+    def trim(self, n_tokens: int) -> None: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: tuple[int, ...]
+    source: str  # "ngram" | "draft"
+    key: str  # the acceptance estimate this draft is judged under
+    probs: tuple[np.ndarray, ...] | None = None  # q rows; None means a deterministic proposal
+    prior: float | None = None  # starting acceptance guess for a key not seen before
+
+
+EMPTY = Draft((), "none", "none")
+
+
+def sync_kv(model: Model, context: Sequence[int]) -> list[int]:
+    """Trim `model`'s cache to its common prefix with `context`; return the tokens still to decode."""
+    common = common_prefix_len(model.tokens, context)
+    model.trim(common)
+    return list(context[common:])
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+# ---- the copy-following n-gram drafter ---------------------------------------------------------
+@dataclass
+class Substitution:
+    """An edit seen once (source span -> what the output wrote instead), proposed again later."""
+
+    src: tuple[int, ...]
+    repl: tuple[int, ...]
+    hits: int = 0  # later occurrences the output edited the same way
+    misses: int = 0  # later occurrences the output kept as they were
+
+    @property
+    def active(self) -> bool:
+        return self.misses == 0 or self.hits > self.misses
+
+
+# Run-length buckets (tokens copied since the copy last (re)started) and their starting acceptance
+# guesses. A long verified run predicts a long accepted draft; a fresh 1-token match does not.
+RUN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+PRIORS = {
+    "copy": {1: 0.5, 2: 0.6, 4: 0.75, 8: 0.85, 16: 0.92, 32: 0.95, 64: 0.97},
+    "find": {1: 0.2, 2: 0.35, 4: 0.55, 8: 0.75, 16: 0.9, 32: 0.95, 64: 0.97},
+    "resume": {1: 0.6, 2: 0.7, 4: 0.8, 8: 0.88, 16: 0.92, 32: 0.95, 64: 0.97},
+    "edit": 0.5,
+}
+
+
+def run_bucket(run: int) -> int:
+    return RUN_BUCKETS[max(0, bisect_left(RUN_BUCKETS, run + 1) - 1)] if run >= 1 else 1
+
+
+class NgramDrafter:
+    """Copy-following prompt lookup over the whole context (prompt and output so far).
+
+    State, updated token by token as the context grows:
+    - `pointer`: the context position whose token the copy expects next (None: not copying);
+    - `run`: how many tokens in a row the output has copied from there;
+    - after a divergence, where it happened, so the copy can be found again nearby and the edit
+      learnt as a `Substitution` once the copy has resumed for CONFIRM tokens.
+    Costs microseconds per token, so it is also asked when speculation is off, to measure its
+    acceptance for free.
+    """
+
+    name = "ngram"
+    WINDOW = 8  # tokens either side of the expected copy position where a match counts as the copy
+    CONFIRM = 3  # tokens the copy must resume for before an edit is learnt
+    SUB_MAX = 8  # longest source or replacement span learnt as a substitution
+    EDIT_GUESS = 3  # tokens after a divergence during which the copy is guessed to go on (substitution)
+
+    def __init__(self, n_min: int = 1, n_max: int = 4):
+        if not 1 <= n_min <= n_max:
+            raise ValueError("need 1 <= n_min <= n_max")
+        self.n_min, self.n_max = n_min, n_max
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ctx: list[int] = []
+        self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(self.n_min, self.n_max + 1)}
+        self.pointer: int | None = None
+        self.run = 0
+        self.origin = "find"  # "copy": found near the previous copy position; "find": anywhere
+        self._queue: list[int] = []  # replacement tokens still expected inside a substitution
+        self._after_queue: int | None = None  # pointer once the queue is through
+        self._in_sub: Substitution | None = None  # the edit whose replacement the queue holds
+        self.prev_run = 0  # length of the copy run before the last divergence (0: none)
+        self._div: tuple[int, int] | None = None  # (source pointer, output index) of the last divergence
+        self._pending: Substitution | None = None
+        self.subs: dict[int, list[Substitution]] = {}
+
+    # ---- following the context ---------------------------------------------------------
+    def _update(self, context: Sequence[int]) -> None:
+        if common_prefix_len(self._ctx, context) < len(self._ctx):
+            self._reset()
+        first = not self._ctx
+        start = len(self._ctx)
+        self._ctx.extend(context[start:])
+        for i in range(start, len(self._ctx)):
+            self._index_ending_at(i)
+            if not first:  # a new prompt is only indexed: the copy state follows the output
+                self._step(i)
+        if first and self._ctx:
+            self._resync(len(self._ctx) - 1)  # the prompt's own end may already be a copy
+
+    def _index_ending_at(self, i: int) -> None:
+        ctx = self._ctx
+        for n, table in self._index.items():
+            if i >= n:
+                table.setdefault(tuple(ctx[i - n : i]), []).append(i)
+
+    def _sub_at(self, p: int) -> Substitution | None:
+        ctx = self._ctx
+        for sub in self.subs.get(ctx[p], ()):
+            if tuple(ctx[p : p + len(sub.src)]) == sub.src:
+                return sub
+        return None
+
+    def _step(self, i: int) -> None:
+        """Token i was appended: advance the copy, or note a divergence and look for the copy again."""
+        t = self._ctx[i]
+        if self._queue:  # inside a learnt edit's replacement
+            if self._queue[0] == t:
+                self._queue.pop(0)
+                self.run += 1
+                if not self._queue:
+                    self._in_sub.hits += 1
+                    self.pointer = self._after_queue
+                return
+            self._queue = []
+            self._in_sub.misses += 1
+        elif self.pointer is not None and self.pointer < i:
+            p = self.pointer
+            sub = self._sub_at(p)
+            keeps = self._ctx[p] == t
+            # Follow the learnt edit when the output does (the source's own token first if the edit is off).
+            if sub is not None and sub.repl[0] == t and (sub.active or not keeps):
+                self.run += 1
+                if len(sub.repl) > 1:
+                    self._queue, self._after_queue, self._in_sub = list(sub.repl[1:]), p + len(sub.src), sub
+                else:
+                    sub.hits += 1
+                    self.pointer = p + len(sub.src)
+                return
+            if keeps:
+                if sub is not None and sub.active:
+                    sub.misses += 1  # we would have proposed the edit; the output kept the source
+                self.pointer = p + 1
+                self.run += 1
+                if self._pending is not None and self.run >= self.CONFIRM:
+                    self._learn(self._pending)
+                    self._pending = None
+                return
+        if self.pointer is not None and self.run > 0:
+            self._div = (self.pointer, i)
+            if self.origin == "copy" or self.run >= 16:
+                self.prev_run = max(self.run, self.prev_run if self.run < 16 else 0)
+        self._pending = None
+        self.run = 0
+        self._resync(i)
+
+    def _resync(self, i: int) -> None:
+        """Find where the copy resumes after token i: near where it would be, else anywhere."""
+        ctx = self._ctx
+        expected = None
+        if self._div is not None:
+            p_div, o_div = self._div
+            expected = p_div + (i + 1 - o_div)  # as if the edit replaced as many tokens as it wrote
+        best_far = None
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if i + 1 < n:
+                continue
+            ends = self._index[n].get(tuple(ctx[i + 1 - n : i + 1]))
+            if not ends:
+                continue
+            if expected is not None:
+                near = _nearest(ends, expected)
+                if abs(near - expected) <= self.WINDOW:
+                    self._copy_from(near, n, "copy", i)
+                    return
+            if best_far is None:
+                best_far = (ends[-1], n)
+        if best_far is not None:
+            self._copy_from(best_far[0], best_far[1], "find", i)
+        else:
+            self.pointer = None
+
+    def _copy_from(self, pointer: int, matched: int, origin: str, i: int) -> None:
+        self.pointer, self.run, self.origin = pointer, matched, origin
+        self._pending = None
+        if origin == "copy" and self._div is not None:
+            p_div, o_div = self._div
+            src = tuple(self._ctx[p_div : pointer - matched])
+            repl = tuple(self._ctx[o_div : i + 1 - matched])
+            if src and repl and src != repl and len(src) <= self.SUB_MAX and len(repl) <= self.SUB_MAX and pointer - matched >= p_div:
+                self._pending = Substitution(src, repl)
+
+    def _learn(self, sub: Substitution) -> None:
+        known = self.subs.setdefault(sub.src[0], [])
+        known[:] = [s for s in known if s.src != sub.src]
+        known.append(sub)
+
+    # ---- proposing -----------------------------------------------------------------------
+    def continuation(self, pointer: int, max_len: int, queue: Sequence[int] = ()) -> tuple[int, ...]:
+        """What the copy says comes next from `pointer`, with learnt edits applied."""
+        ctx = self._ctx
+        out = list(queue[:max_len])
+        p = pointer
+        while len(out) < max_len and p < len(ctx):
+            sub = self._sub_at(p)
+            if sub is not None and sub.active:
+                out.extend(sub.repl)
+                p += len(sub.src)
+            else:
+                out.append(ctx[p])
+                p += 1
+        return tuple(out[:max_len])
+
+    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        if max_len <= 0:
+            return EMPTY
+        self._update(context)
+        copying = self.pointer is not None and self.run >= 1
+        if copying and (self.origin == "copy" or self.run >= 4):
+            return self._copy_draft(max_len)
+        if self._div is not None:
+            p_div, o_div = self._div
+            since = len(self._ctx) - o_div
+            if since <= self.EDIT_GUESS:
+                # Just after an edit: guess that it replaced as many tokens as it wrote, and go on copying.
+                return _ngram(self.continuation(p_div + since, max_len), "ngram/edit", PRIORS["edit"])
+        return self._copy_draft(max_len) if copying else EMPTY
+
+    def _copy_draft(self, max_len: int) -> Draft:
+        start = self._after_queue if self._queue else self.pointer
+        tokens = self.continuation(start, max_len, self._queue)
+        bucket = run_bucket(self.run)
+        if self.run >= 16:
+            kind = "copy"
+        elif self.origin == "copy" and self.prev_run >= 16:
+            kind = "resume"  # the same long copy, picked up again after an edit
+        else:
+            kind = self.origin
+        return _ngram(tokens, f"ngram/{kind}/r{bucket}", PRIORS[kind][bucket])
+
+
+def _ngram(tokens: tuple[int, ...], key: str, prior: float) -> Draft:
+    return Draft(tokens, "ngram", key, prior=prior) if tokens else EMPTY
+
+
+def _nearest(ends: list[int], target: int) -> int:
+    j = bisect_left(ends, target)
+    if j == 0:
+        return ends[0]
+    if j == len(ends):
+        return ends[-1]
+    return ends[j] if ends[j] - target < target - ends[j - 1] else ends[j - 1]
+
+
+# ---- the draft model --------------------------------------------------------------------------
+class ModelDrafter:
+    """A second, smaller model that drafts greedily (or samples, when the target samples)."""
+
+    name = "draft"
+
+    def __init__(self, model: Model, sampling: SamplingConfig, *, p_min: float = 0.0, n_vocab_target: int | None = None):
+        self.model = model
+        self.sampling = sampling
+        self.p_min = p_min
+        self.n_vocab_target = n_vocab_target or model.n_vocab
+        # Its own stream, derived from the seed, so drafting never shifts the verifier's draws.
+        self.rng = np.random.default_rng(None if sampling.seed is None else sampling.seed + 0x5EED)
+
+    def propose(self, context: Sequence[int], max_len: int) -> Draft:
+        m = self.model
+        room = m.n_ctx - len(context)
+        max_len = min(max_len, room)
+        if max_len <= 0:
+            return EMPTY
+        todo = sync_kv(m, context)
+        if not todo:  # the whole context is cached: re-decode the last token for its logits
+            m.trim(len(context) - 1)
+            todo = [context[-1]]
+        row = m.decode(todo, [len(todo) - 1])[0]
+        history = list(context)
+        tokens: list[int] = []
+        probs: list[np.ndarray] = []
+        greedy = self.sampling.greedy
+        for i in range(max_len):
+            if greedy and self.p_min <= 0:
+                tok = int(np.argmax(row))
+            else:
+                q = warp(row, self.sampling if not greedy else _SOFTMAX, history)
+                tok = int(np.argmax(q)) if greedy else sample(q, self.rng)
+                if greedy and q[tok] < self.p_min and tokens:
+                    break  # low confidence: a wasted verify slot is likelier than a win
+                if not greedy:
+                    probs.append(self._pad(q))
+            tokens.append(tok)
+            history.append(tok)
+            if i + 1 < max_len:
+                row = m.decode([tok], [0])[0]
+        return Draft(tuple(tokens), "draft", "draft", tuple(probs) if probs else None)
+
+    def _pad(self, q: np.ndarray) -> np.ndarray:
+        n = self.n_vocab_target
+        if len(q) == n:
+            return q
+        out = np.zeros(n)
+        m = min(n, len(q))
+        out[:m] = q[:m]
+        return out / out.sum()
+
+
+# Full-softmax view of the draft's logits, used only for its confidence cut in greedy mode.
+_SOFTMAX = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)

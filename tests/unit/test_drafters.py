@@ -1,0 +1,148 @@
+"""The copy-following n-gram drafter, driven token by token as the decoder drives it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.controller import Controller, CostModel
+from edgespec.drafters import NgramDrafter, run_bucket
+from edgespec.sampling import SamplingConfig
+from edgespec.speculative import SpecSettings, SpeculativeDecoder
+
+from .fakes import FakeModel
+
+
+def follow(drafter: NgramDrafter, prompt: list[int], output: list[int], k: int = 64):
+    """Feed `output` one token at a time (as accepted text arrives); return each proposal made before a token."""
+    proposals = []
+    ctx = list(prompt)
+    for tok in output:
+        proposals.append(drafter.propose(ctx, k))
+        ctx.append(tok)
+    return proposals
+
+
+SOURCE = list(range(100, 160))  # 60 distinct "code" tokens
+PROMPT = [1, 2, *SOURCE, 3, 4]
+
+
+def test_run_buckets():
+    assert [run_bucket(r) for r in (0, 1, 2, 3, 4, 7, 8, 15, 16, 63, 64, 500)] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 32, 64, 64]
+
+
+def test_a_verbatim_copy_earns_long_drafts_as_the_run_grows():
+    d = NgramDrafter()
+    props = follow(d, PROMPT, SOURCE[:40])
+    # after the first token the copy is found; from then on every proposal is the rest of the source
+    for i, p in enumerate(props[1:], start=1):
+        assert p.tokens[: len(SOURCE) - i] == tuple(SOURCE[i:]), i
+    keys = [p.key for p in props[1:]]
+    assert keys[0] == "ngram/find/r1"
+    assert "ngram/copy/r16" in keys and "ngram/copy/r32" in keys
+    assert d.run == 39  # the last token is seen at the next proposal
+
+
+def test_after_a_substitution_the_copy_resumes_at_once():
+    # the output replaces source token 120 by 999, then goes on copying
+    out = SOURCE[:20] + [999] + SOURCE[21:40]
+    d = NgramDrafter()
+    props = follow(d, PROMPT, out)
+    # just after the edit: the guess is that 999 replaced one token, so the copy goes on from 121
+    after_edit = props[21]
+    assert after_edit.key == "ngram/edit"
+    assert after_edit.tokens[:5] == tuple(SOURCE[21:26])
+    # and once 121 arrives the copy is found again near where it was: a resumed long copy
+    assert props[22].tokens[:5] == tuple(SOURCE[22:27])
+    assert props[22].key.startswith("ngram/resume/")
+
+
+def test_an_insertion_is_found_again_near_the_copy_position():
+    out = SOURCE[:10] + [777, 778] + SOURCE[10:30]  # two tokens inserted
+    d = NgramDrafter()
+    props = follow(d, PROMPT, out)
+    # after the insertion and one copied token, the copy is back on track
+    assert props[13].tokens[:5] == tuple(SOURCE[11:16])
+
+
+def test_a_rename_is_learnt_and_proposed_at_its_next_occurrence():
+    # source: x = a ; y = a ; z = a ...  ("a" = 50 occurs several times); the output renames a -> 60 61
+    src = [10, 11, 50, 12, 13, 14, 20, 21, 50, 22, 23, 24, 30, 31, 50, 32, 33, 34]
+    out = [10, 11, 60, 61, 12, 13, 14, 20, 21, 60, 61, 22, 23, 24, 30, 31, 60, 61, 32, 33, 34]
+    d = NgramDrafter()
+    props = follow(d, [1, *src, 2], out)
+    # before the second "a": the proposal already carries the rename
+    assert props[8].tokens[:5] == (21, 60, 61, 22, 23)
+    assert props[15].tokens[:4] == (31, 60, 61, 32)
+    (sub,) = [s for subs in d.subs.values() for s in subs]
+    assert sub.src == (50,) and sub.repl == (60, 61) and sub.hits >= 1 and sub.active
+
+
+def test_an_edit_made_once_is_dropped_when_the_output_keeps_the_source_next_time():
+    src = [10, 11, 50, 12, 13, 14, 20, 21, 50, 22, 23, 24, 25]
+    out = [10, 11, 70, 12, 13, 14, 20, 21, 50, 22, 23, 24, 25]  # only the first 50 was changed
+    d = NgramDrafter()
+    props = follow(d, [1, *src, 2], out)
+    assert props[7].tokens[:2] == (21, 70)  # proposed the learnt edit once...
+    (sub,) = [s for subs in d.subs.values() for s in subs]
+    assert not sub.active  # ...and after the output kept 50, no longer
+    second = 1 + src.index(50, 3)  # context position of the second 50
+    assert d.continuation(second - 1, 3) == (21, 50, 22)
+
+
+def test_free_text_gives_only_weak_guesses():
+    rng = np.random.default_rng(0)
+    prompt = list(rng.integers(0, 50, 80))
+    out = list(rng.integers(50, 100, 60))  # never copies the prompt
+    d = NgramDrafter()
+    for p in follow(d, prompt, out):
+        assert not p.key.startswith("ngram/copy/r") or run_bucket(d.run) <= 2
+
+
+def test_priors_make_the_controller_draft_long_only_in_a_long_copy():
+    cost = CostModel(verify={2: 1.97, 4: 3.0, 8: 4.9, 16: 7.8, 32: 13.5, 64: 23.5})
+    ctl = Controller(cost, k_max=64)
+    d = NgramDrafter()
+    props = follow(d, PROMPT, SOURCE[:50])
+    early = ctl.choose(props[1].key, 0.0, len(props[1].tokens), prior=props[1].prior).k
+    late = ctl.choose(props[45].key, 0.0, len(props[45].tokens), prior=props[45].prior).k
+    assert early == 0  # a 1-token match anywhere is not worth a verify batch
+    assert late >= 12  # a 44-token verified copy is
+
+
+def copy_lm(source_prompt: list[int], answer: list[int], vocab: int):
+    """A fake target whose greedy output after the prompt is `answer`, then EOS."""
+
+    def lm(ctx):
+        out = np.full(vocab, -5.0, dtype=np.float32)
+        i = len(ctx) - len(source_prompt)
+        out[answer[i] if 0 <= i < len(answer) else 0] = 5.0
+        return out
+
+    return lm
+
+
+def test_decoder_with_copy_drafts_equals_plain_and_uses_few_passes():
+    vocab = 1000
+    # five blocks of 30 distinct tokens, each using identifier 50 once; the answer renames it to 60 61
+    src = [t for b in range(5) for t in [*range(100 + 40 * b, 115 + 40 * b), 50, *range(115 + 40 * b, 129 + 40 * b)]]
+    answer = [t for s in src for t in ((60, 61) if s == 50 else (s,))]
+    prompt = [1, *src, 2]
+    lm = copy_lm(prompt, answer, vocab)
+    target = FakeModel(lm, n_ctx=512, vocab=vocab)
+    cost = CostModel(verify={2: 1.97, 4: 3.0, 8: 4.9, 16: 7.8, 32: 13.5, 64: 23.5})
+    ctl = Controller(cost, k_max=64, learn_timing=False)
+    dec = SpeculativeDecoder(target, SamplingConfig(), ctl, SpecSettings(mode="auto", draft_max=64), ngram=NgramDrafter())
+    out = [e.token for e in dec.generate(prompt, 200)]
+    assert out == answer
+    # the first block is found and copied; every later rename is proposed before it is seen
+    assert len(dec.stats.rounds) < len(answer) / 4
+    assert sum(r.accepted for r in dec.stats.rounds) > 0.7 * len(answer)
+
+
+def test_a_deletion_is_followed_but_not_learnt_as_an_edit():
+    src = [10, 11, 50, 51, 12, 13, 14, 15, 20, 21, 50, 51, 22, 23, 24, 25]
+    out = [10, 11, 12, 13, 14, 15, 20, 21, 50, 51, 22, 23, 24, 25]  # the first "50 51" was removed
+    d = NgramDrafter()
+    props = follow(d, [1, *src, 2], out)
+    assert props[4].tokens[:3] == (14, 15, 20)  # the copy is found again right after the deletion
+    assert not d.subs  # an empty replacement is never proposed
