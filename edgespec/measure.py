@@ -98,6 +98,15 @@ def check_stability(cost_ms: dict[int, float], spread: dict[int, float], loads: 
     return reasons
 
 
+class MeasurementAborted(Exception):
+    """The machine is too busy to measure (found before or early on, so no time is wasted)."""
+
+    def __init__(self, reasons: Sequence[str], loads: Sequence[Load] = ()):
+        super().__init__("; ".join(reasons))
+        self.reasons = list(reasons)
+        self.loads = list(loads)
+
+
 # ---- the result --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Measurement:
@@ -181,11 +190,12 @@ def cost_model(target_ms: dict[int, float], draft_ms: float | None) -> CostModel
 
 # ---- timing ------------------------------------------------------------------------------------
 def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callable[[], float] = time.perf_counter,
-                 ) -> dict[int, list[float]]:
+                 after_walk: Callable[[], None] | None = None) -> dict[int, list[float]]:
     """ms of a k-token batch on a fixed context, `repeats` times per k, interleaved across k.
 
     Every repeat walks all sizes (alternating direction, so a drift in machine speed does not
-    favour one end); one untimed walk first builds each size's graph."""
+    favour one end); one untimed walk first builds each size's graph. `after_walk` runs after
+    each walk (it may raise to stop early)."""
     context = model.tokenize(_CONTEXT_TEXT)
     model.reset()
     model.decode(context)
@@ -205,6 +215,8 @@ def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callab
             run(k)
             out[k].append((clock() - t0) * 1000)
             progress.advance(1)
+        if after_walk is not None:
+            after_walk()
     model.trim(0)
     return out
 
@@ -296,7 +308,10 @@ def draft_acceptance(target_path: Path, draft_path: Path, plan, max_tokens: int 
 
 def measure(target_path: Path, draft_path: Path | None, plan, *, ks: Sequence[int] | None = None,
             repeats: int = REPEATS, progress=None, exact: bool = False, load_meter: LoadMeter | None = None,
-            ) -> Measurement:
+            stop_when_busy: bool = True) -> Measurement:
+    """Time everything; with stop_when_busy, raise MeasurementAborted as soon as the machine is
+    seen busy (before starting, or after any walk over the batch sizes): such a measurement
+    would be rejected anyway, and on an oversubscribed CPU it can take many minutes."""
     from .backend.model import LlamaModel
     from .session import load_params
 
@@ -304,11 +319,19 @@ def measure(target_path: Path, draft_path: Path | None, plan, *, ks: Sequence[in
     ks = list(ks or (KS_EXACT if exact else KS_FAST))
     meter = load_meter or LoadMeter()
     loads = [meter.sample()]
+    if stop_when_busy and busy_reason(loads[0]):
+        raise MeasurementAborted([busy_reason(loads[0])], loads)
+
+    def check_load() -> None:
+        now = meter.stop("during")
+        if stop_when_busy and busy_reason(now):
+            raise MeasurementAborted([f"{busy_reason(now)} (stopped early)"], [*loads, now])
+
     progress.start("timing target batches", len(ks) * repeats + (3 if draft_path else 1))
     meter.start()
     try:
         with LlamaModel(target_path, replace(load_params(plan.target, plan), exact=exact)) as target:
-            samples = time_batches(target, ks, repeats, progress)
+            samples = time_batches(target, ks, repeats, progress, after_walk=check_load)
             limit = target.max_exact_batch
         draft_ms = draft_spread = alpha = None
         if draft_path is not None:

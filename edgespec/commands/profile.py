@@ -61,13 +61,21 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: Spe
     keys = [draft_key] if draft_key is None else [None, draft_key]  # the pair's file last: its verdict counts
     kernels = kernel_kind(kw)
     m = None
+    decision = aborted = None
     if measure:
-        m = _measure(resolved, plan, quiet=as_json, exact=kernels == "exact")
-        result["measurement"] = m
-        if not as_json:
-            for table in measurement_tables(m):
-                out.print(table)
-    decision = None
+        from ..measure import MeasurementAborted
+
+        try:
+            m = _measure(resolved, plan, quiet=as_json, exact=kernels == "exact", force=force)
+        except MeasurementAborted as err:
+            aborted = err.reasons
+            result["measurement"] = {"kernels": kernels, "stable": False, "unstable_reasons": err.reasons,
+                                     "load": [x.to_json() for x in err.loads], "aborted": True}
+        else:
+            result["measurement"] = m
+            if not as_json:
+                for table in measurement_tables(m):
+                    out.print(table)
     for draft in keys:
         # The target's verify costs hold without a draft too (--spec ngram/off look them up so).
         saved = profile_store.load_profile(hw, target_key, draft)
@@ -78,13 +86,20 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: Spe
                 "plan": plan.to_json(), "measurements": measurements}
         path = profile_store.save_profile(data, hw=hw, target_sha_or_name=target_key, draft=draft)
     result["profile_path"] = str(path)
-    result["saved"] = decision
+    result["saved"] = "aborted" if aborted else decision
     if as_json:
         click.echo(json.dumps(result))
-    elif decision in ("saved", None):
+    elif decision in ("saved", None) and not aborted:
         out.print(f"saved profile: {path}")
     elif decision == "forced":
         out.print(f"[yellow]saved an unstable measurement (--force):[/] {path}")
+    if aborted:
+        kept = ("kept the saved profile's costs" if profile_store.saved_costs({"data": {"measurements": measurements}}).get(kernels)
+                else "runs use estimated costs until a stable profile is measured")
+        raise EdgespecError(
+            f"profile not measured, the machine is busy ({'; '.join(aborted)}): {kept}; rerun `edgespec profile` "
+            "when it is quiet, or pass --force to measure anyway"
+        )
     if decision in ("kept", "unstable"):
         kept = ("kept the saved profile's costs" if decision == "kept"
                 else "runs use estimated costs until a stable profile is measured")
@@ -107,14 +122,14 @@ def _plan(kw: dict, spec: SpecConfig):
     return resolved, resolved.plan
 
 
-def _measure(resolved, plan, *, quiet: bool, exact: bool) -> dict:
+def _measure(resolved, plan, *, quiet: bool, exact: bool, force: bool = False) -> dict:
     from ..measure import measure
     from ..models import NullProgress
     from ..render import stderr_console
     from ..render.common import StepProgress
 
     progress = NullProgress() if quiet else StepProgress(stderr_console())
-    m = measure(resolved.target_path, resolved.draft_path, plan, progress=progress, exact=exact)
+    m = measure(resolved.target_path, resolved.draft_path, plan, progress=progress, exact=exact, stop_when_busy=not force)
     return m.to_json()
 
 

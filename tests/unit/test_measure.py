@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import namedtuple
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -232,7 +233,16 @@ def fake_profile_cli(tmp_path, monkeypatch):
     plan = SimpleNamespace(to_json=lambda: {}, warnings=[])
     monkeypatch.setattr(cmd, "_plan", lambda kw, spec: (resolved, plan))
     script = []
-    monkeypatch.setattr(cmd, "_measure", lambda resolved, plan, quiet, exact: script.pop(0))
+    forced = []
+
+    def fake_measure(resolved, plan, quiet, exact, force=False):
+        forced.append(force)
+        item = script.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    monkeypatch.setattr(cmd, "_measure", fake_measure)
 
     def run(*args, measurement):
         from edgespec.commands import main
@@ -301,3 +311,43 @@ def test_profile_show_renders_spreads_and_stability(fake_profile_cli, capsys):
     main(["profile", "--show"])
     out = capsys.readouterr().out
     assert "fast kernels" in out and "spread" in out and "+1.0%" in out and "stable" in out
+
+
+def test_profile_on_a_busy_machine_stops_before_measuring(fake_profile_cli, capsys):
+    fake_profile_cli(measurement=_measurement(True, 30.0))
+    capsys.readouterr()
+    busy = M.MeasurementAborted(["other processes used 1.9 of 2 cores before measuring"], [Load(1.9, 3.0, 2, "before")])
+    code = fake_profile_cli(measurement=busy)
+    captured = capsys.readouterr()
+    assert code == 1
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: profile not measured, the machine is busy (other processes used 1.9")
+    assert "kept the saved profile's costs" in err[0]
+    data = json.loads(captured.out)
+    assert data["saved"] == "aborted" and data["measurement"]["aborted"] is True
+    assert _costs_used().v(8) == pytest.approx(78 / 30)
+
+
+def test_measure_refuses_a_busy_machine_before_loading_anything(monkeypatch):
+    class BusyMeter:
+        def sample(self):
+            return Load(1.9, 3.0, 2, "before")
+
+    with pytest.raises(M.MeasurementAborted) as exc:
+        M.measure(Path("/nonexistent/target.gguf"), None, plan=None, load_meter=BusyMeter())
+    assert exc.value.reasons == ["other processes used 1.9 of 2 cores before measuring"]
+
+
+def test_time_batches_can_stop_after_a_walk():
+    clock = FakeClock()
+    model = TimedModel(clock)
+    walks = []
+
+    def after():
+        walks.append(1)
+        if len(walks) == 2:
+            raise M.MeasurementAborted(["busy (stopped early)"])
+
+    with pytest.raises(M.MeasurementAborted):
+        M.time_batches(model, [1, 2, 4], 5, Steps(), clock=clock, after_walk=after)
+    assert len(walks) == 2
