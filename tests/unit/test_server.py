@@ -511,3 +511,13 @@ def test_served_name():
     assert served_name("qwen2.5-coder-1.5b-instruct-q4_k_m", path) == "qwen2.5-coder-1.5b-instruct-q4_k_m"
     assert served_name("/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", path) == "qwen2.5-coder-1.5b-instruct-q4_k_m"
     assert served_name("hf:Qwen/Repo/file.gguf", Path("/cache/file.gguf")) == "file"
+
+
+def test_server_package_reaches_the_models_only_through_the_engine():
+    import subprocess
+    import sys
+
+    code = ("import sys, edgespec.server.app, edgespec.server.run, edgespec.server.worker, edgespec.server.schemas; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('llama_cpp', 'rich')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
