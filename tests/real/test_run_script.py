@@ -45,7 +45,7 @@ def test_run_prints_only_the_answer_on_stdout(tmp_path, model_path):
     assert run.stdout == plain.stdout
     # ... while the set-up and the first run's profile went to stderr
     assert "[setup]" in run.stderr
-    assert "v(k) = t(k)/t(1)" in run.stderr  # the profile table
+    assert "offload plan" in run.stderr  # the first run's profile tables
     # the profile is saved, or (busy machine) says in one line why not: the answer comes either way
-    assert "saved profile:" in run.stderr or "error: profile unstable" in run.stderr
+    assert "saved profile:" in run.stderr or "error: profile un" in run.stderr or "error: profile not measured" in run.stderr
     assert "tokens/pass" in run.stderr  # the prompt's stats footer
