@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
@@ -103,10 +103,13 @@ def create_app(worker: Worker, settings: Settings) -> Starlette:
         if declared.isdigit() and int(declared) > limit:
             raise too_large
         body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                raise too_large
+        try:
+            async for part in request.stream():
+                body += part
+                if len(body) > limit:
+                    raise too_large
+        except ClientDisconnect:
+            raise APIError(499, "the client closed the request", code="cancelled") from None  # nobody reads it
         return bytes(body)
 
     def make_job(req, prepare) -> Job:
