@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -37,16 +38,49 @@ class Terminated(BaseException):
 _TERMINATING = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
 
 
+# Python functions llama.cpp calls from C (its log callback). An exception raised in one is printed
+# by ctypes and dropped ("Exception ignored on calling ctypes callback function"), and the run would
+# go on; a signal handled there is sent again a moment later instead, until it lands in our code.
+_C_CALLBACKS = {("backend/model.py", "_log"), ("backend/model.py", "_on_abort")}
+_REDELIVER_S = 0.02
+
+
+def _in_c_callback(frame) -> bool:
+    while frame is not None:
+        code = frame.f_code
+        name = code.co_filename.replace("\\", "/")
+        if any(code.co_name == fn and name.endswith(f"edgespec/{where}") for where, fn in _C_CALLBACKS):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _on_terminate(signum, frame):
+    if _in_c_callback(frame):
+        timer = threading.Timer(_REDELIVER_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
     # A second signal while unwinding must not cut the clean-up short: ignore the rest.
     for sig in _TERMINATING:
         signal.signal(sig, signal.SIG_IGN)
     raise Terminated(signum)
 
 
+def _on_interrupt(signum, frame):
+    # Python's own Ctrl-C handler, except that it does not raise where ctypes would drop it.
+    if _in_c_callback(frame):
+        timer = threading.Timer(_REDELIVER_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
+    raise KeyboardInterrupt
+
+
 @contextmanager
 def _terminate_by_exception():
-    """SIGTERM/SIGHUP raise Terminated in the main thread while a command runs (restored after)."""
+    """SIGTERM/SIGHUP raise Terminated, SIGINT KeyboardInterrupt, in the main thread while a
+    command runs (restored after); commands may install their own SIGINT handler meanwhile."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -55,6 +89,8 @@ def _terminate_by_exception():
         if signal.getsignal(sig) is signal.SIG_IGN:
             continue  # started under nohup (or told to ignore it): keep ignoring
         old[sig] = signal.signal(sig, _on_terminate)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, _on_interrupt)
     try:
         yield
     except Terminated:

@@ -61,23 +61,35 @@ def styled(text: str, sources: Iterable[str], show_drafts: bool) -> Text:
     return Text(text, style=style)
 
 
+def _origin_label(origin: str) -> str:
+    return origin if origin == "built-in" else "user"
+
+
+def _user_caption(origins) -> str | None:
+    users = sorted({o for o in origins if o != "built-in"})
+    return "user: " + ", ".join(escape(u) for u in users) if users else None
+
+
 def models_table(rows) -> Table:
-    t = Table(title="models (built-in models.toml, and $EDGESPEC_HOME/models.toml where present)")
-    for col in ("name", "family", "params", "quant", "size", "cached", "sources", "from"):
+    t = Table(title="models", caption=_user_caption(r.origin for r in rows))
+    t.add_column("name", overflow="fold")
+    for col in ("family", "params", "quant", "size", "cached", "sources", "from"):
         t.add_column(col)
     for r in rows:
         t.add_row(escape(r.name), escape(r.family), escape(r.params), escape(r.quant), human_bytes(r.size),
-                  "[green]yes[/]" if r.cached else "no", r.sources, escape(r.origin))
+                  "[green]yes[/]" if r.cached else "no", r.sources, _origin_label(r.origin))
     return t
 
 
 def pairs_table(registry) -> Table:
-    t = Table(title="pairs (target + draft)")
-    for col in ("name", "target", "draft", "from"):
-        t.add_column(col)
-    for name, (target, draft) in registry.pairs.items():
+    origins = [registry.origin.get(name, "built-in") for name in registry.pairs]
+    t = Table(title="pairs (target + draft)", caption=_user_caption(origins))
+    for col in ("name", "target", "draft"):
+        t.add_column(col, overflow="fold")
+    t.add_column("from")
+    for (name, (target, draft)), origin in zip(registry.pairs.items(), origins):
         label = f"{escape(name)} [bold](default)[/]" if name == registry.default_pair else escape(name)
-        t.add_row(label, escape(target), escape(draft), escape(registry.origin.get(name, "built-in")))
+        t.add_row(label, escape(target), escape(draft), _origin_label(origin))
     return t
 
 

@@ -222,11 +222,14 @@ def test_models_list_shows_where_each_entry_comes_from(home):
     assert rows["my-model"]["origin"] == str(path) and rows[BUILTIN_TARGET]["origin"] == "built-in"
     r = CliRunner().invoke(cli, ["models", "list"], env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output
-    row = next(line for line in r.output.splitlines() if "my-model" in line and "mine" in line)
-    assert str(path) in row
-    pair_row = next(line for line in r.output.splitlines() if "my-pair" in line)
-    assert str(path) in pair_row and BUILTIN_TARGET in pair_row
-    assert "(default)" in next(line for line in r.output.splitlines() if "qwen2.5-coder-1.5b+0.5b" in line)
+    lines = r.output.splitlines()
+    row = next(line for line in lines if "my-model" in line and "mine" in line)
+    assert row.rstrip(" │").endswith("user")
+    assert next(line for line in lines if BUILTIN_TARGET in line).rstrip(" │").endswith("built-in")
+    pair_row = next(line for line in lines if "my-pair" in line)
+    assert pair_row.rstrip(" │").endswith("user") and BUILTIN_TARGET in pair_row
+    assert "(default)" in next(line for line in lines if "qwen2.5-coder-1.5b+0.5b" in line)
+    assert sum(f"user: {path}" in line for line in lines) == 2  # each table names the file once
 
 
 def test_a_bad_user_entry_through_the_cli_is_one_warning_line(home, capsys):
