@@ -41,7 +41,7 @@ _TERMINATING = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signa
 # Python functions llama.cpp calls from C (its log callback). An exception raised in one is printed
 # by ctypes and dropped ("Exception ignored on calling ctypes callback function"), and the run would
 # go on; a signal handled there is sent again a moment later instead, until it lands in our code.
-_C_CALLBACKS = {("backend/model.py", "_log"), ("backend/model.py", "_on_abort")}
+_C_CALLBACKS = {("edgespec/backend/model.py", "_log"), ("edgespec/backend/model.py", "_on_abort")}
 _REDELIVER_S = 0.02
 
 
@@ -49,7 +49,7 @@ def _in_c_callback(frame) -> bool:
     while frame is not None:
         code = frame.f_code
         name = code.co_filename.replace("\\", "/")
-        if any(code.co_name == fn and name.endswith(f"edgespec/{where}") for where, fn in _C_CALLBACKS):
+        if any(code.co_name == fn and name.endswith(where) for where, fn in _C_CALLBACKS):
             return True
         frame = frame.f_back
     return False

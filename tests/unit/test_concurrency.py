@@ -204,3 +204,45 @@ def test_two_processes_saving_one_profile_never_leave_half_a_file(tmp_path, home
     files = sorted(p.name for p in (home / "profiles").iterdir())
     assert len(files) == 1 and files[0].endswith(".json")  # no temp files left behind
     assert json.loads((home / "profiles" / files[0]).read_text())["data"] == final
+
+
+# -- a signal that arrives while C code is calling back into Python ------------------------------------
+
+CALLBACK_SCRIPT = r"""
+import ctypes, os, signal, sys, time
+from edgespec.commands import root
+
+def log_line():  # stands for llama.cpp's log callback: Python code called from C
+    os.kill(os.getpid(), signal.SIGTERM)
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:  # the handler runs here, inside the callback
+        pass
+
+if sys.argv[1] == "registered":
+    root._C_CALLBACKS = root._C_CALLBACKS | {("<string>", "log_line")}
+callback = ctypes.CFUNCTYPE(None)(log_line)
+
+@root.cli.command("work")
+def work():
+    callback()  # through libffi, as llama.cpp calls its log callback
+    print("after the callback", flush=True)
+    time.sleep(1)
+    print("ran on", flush=True)
+
+root.main(["work"])
+"""
+
+
+@pytest.mark.parametrize("registered", [True, False])
+def test_a_signal_during_a_c_callback_is_not_lost(registered):
+    """Raised inside a ctypes callback, the exception would be printed and dropped and the run would go on;
+    edgespec sends the signal again once the callback has returned."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", CALLBACK_SCRIPT, "registered" if registered else "not"],
+                          env=env, capture_output=True, text=True, timeout=WAIT)
+    if registered:
+        assert (proc.returncode, proc.stderr) == (143, "terminated (SIGTERM)\n")
+        assert "ran on" not in proc.stdout
+    else:  # what happens without the re-delivery: the signal is lost in the callback
+        assert "Exception ignored on calling ctypes callback function" in proc.stderr
+        assert proc.stdout == "after the callback\nran on\n" and proc.returncode == 0
