@@ -149,7 +149,7 @@ def measurement_tables(m: dict[str, Any]) -> list[Table]:
         timing.add_column("spread", justify="right")
     timing.add_column("v(k) = t(k)/t(1)", justify="right")
     t1 = m["target_ms"]["1"]
-    for k, ms in m["target_ms"].items():
+    for k, ms in sorted(m["target_ms"].items(), key=lambda kv: int(kv[0])):  # stored JSON sorts keys as text
         spread = [_spread(spreads.get(k))] if spreads else []
         timing.add_row(k, f"{ms:.1f}", *spread, f"{ms / t1:.2f}")
     tables = [timing]

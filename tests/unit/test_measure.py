@@ -311,6 +311,8 @@ def test_profile_show_renders_spreads_and_stability(fake_profile_cli, capsys):
     main(["profile", "--show"])
     out = capsys.readouterr().out
     assert "fast kernels" in out and "spread" in out and "+1.0%" in out and "stable" in out
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") == 5]
+    assert rows[:14] == [str(k) for k in QUIET_MS]  # in batch-size order, as measured
 
 
 def test_profile_on_a_busy_machine_stops_before_measuring(fake_profile_cli, capsys):
