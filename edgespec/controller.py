@@ -11,6 +11,7 @@ Pure: no llama_cpp, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from .timing import LiveTiming
 
@@ -161,17 +162,36 @@ class Controller:
         if est is None:
             base = key.split("/")[0]
             start = self.priors.get(key, self.priors.get(base, 0.5 if prior is None else prior))
-            est = self.acceptance[key] = Acceptance(prior=start)
+            # The prior counts as one run of its own expected length (1/(1 - prior) tokens), so a
+            # state believed to copy ~30 tokens at a time is not written off by one early miss.
+            est = self.acceptance[key] = Acceptance(prior=start, weight=max(2.0, min(50.0, 1.0 / (1.0 - start))))
         return est
 
-    def choose(self, key: str, draft_cost: float, k_cap: int | None = None, *, prior: float | None = None) -> Choice:
+    def choose(self, key: str, draft_cost: float, k_cap: int | None = None, *, prior: float | None = None,
+               confidence: Sequence[float] | None = None) -> Choice:
+        """The K with the most expected tokens per unit time. `confidence[i]` (when given) scales the
+        chance of accepting drafted token i on top of the key's per-token rate: a drafter that knows
+        a position is a guess (a learnt edit it has seen made only once) says so there."""
         alpha = self.estimate(key, prior).alpha
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
         best = Choice(0, 1.0)
         # A forced mode with a short proposal still uses what it has.
         lo = self.k_min if self.allow_off else min(self.k_min, max(hi, 1))
-        for k in candidate_ks(lo, hi):
-            s = speedup(alpha, k, draft_cost, self.cost)
+        ks = candidate_ks(lo, hi)
+        gain = None
+        if confidence is not None and any(c < 1.0 for c in confidence[:hi]):
+            gain = [1.0]  # gain[k]: expected tokens from a k-token draft (the target's own token included)
+            p = 1.0
+            for i in range(hi):
+                p *= alpha * (confidence[i] if i < len(confidence) else 1.0)
+                gain.append(gain[-1] + p)
+            # stopping right before a guess is often the best choice: always consider it
+            ks = sorted(set(ks) | {i for i, c in enumerate(confidence[:hi]) if c < 1.0 and lo <= i})
+        for k in ks:
+            if gain is None:
+                s = speedup(alpha, k, draft_cost, self.cost)
+            else:
+                s = gain[k] / (k * draft_cost + self.cost.v(k + 1)) if k > 0 else 1.0
             if s > best.expected_speedup or (not self.allow_off and best.k == 0):
                 best = Choice(k, s)
         if self.allow_off and best.expected_speedup < 1.0 + self.margin:

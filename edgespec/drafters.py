@@ -41,6 +41,9 @@ class Draft:
     key: str  # the acceptance estimate this draft is judged under
     probs: tuple[np.ndarray, ...] | None = None  # q rows; None means a deterministic proposal
     prior: float | None = None  # starting acceptance guess for a key not seen before
+    # Per drafted token, how much likelier than the key's rate it is to be accepted (1.0 = as likely;
+    # a learnt edit seen made once is a guess). None: all 1.0.
+    confidence: tuple[float, ...] | None = None
 
 
 EMPTY = Draft((), "none", "none")
@@ -64,16 +67,33 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 # ---- the copy-following n-gram drafter ---------------------------------------------------------
 @dataclass
 class Substitution:
-    """An edit seen once (source span -> what the output wrote instead), proposed again later."""
+    """An edit the output made to a source span, and what it did at the span's later occurrences.
+
+    Three behaviours follow from the counts: "replace" (the output makes this edit consistently:
+    propose it, as for a rename), "keep" (the output mostly leaves the span alone: copy it as it
+    is), and "hazard" (it varies, e.g. `var` becoming `let` or `const`: end the draft before it and
+    let the target decide that token, rather than betting a long verify batch on a guess).
+    """
 
     src: tuple[int, ...]
     repl: tuple[int, ...]
-    hits: int = 0  # later occurrences the output edited the same way
-    misses: int = 0  # later occurrences the output kept as they were
+    hits: int = 1  # occurrences the output edited this way (the one it was learnt from included)
+    kept: int = 0  # occurrences the output left as they were
+    other: int = 0  # occurrences the output changed some other way
 
     @property
-    def active(self) -> bool:
-        return self.misses == 0 or self.hits > self.misses
+    def confidence(self) -> float:
+        """Chance the output makes this edit again (Laplace: an edit seen once is a 2-in-3 bet)."""
+        return (self.hits + 2) / (self.hits + self.kept + self.other + 3)
+
+    @property
+    def state(self) -> str:
+        against = self.kept + self.other
+        if against == 0 or self.hits >= 3 * against:
+            return "replace"
+        if self.kept >= 2 * (self.hits + self.other):
+            return "keep"
+        return "hazard"
 
 
 # Run-length buckets (tokens copied since the copy last (re)started) and their starting acceptance
@@ -168,13 +188,13 @@ class NgramDrafter:
                     self.pointer = self._after_queue
                 return
             self._queue = []
-            self._in_sub.misses += 1
+            self._in_sub.other += 1
         elif self.pointer is not None and self.pointer < i:
             p = self.pointer
             sub = self._sub_at(p)
             keeps = self._ctx[p] == t
             # Follow the learnt edit when the output does (the source's own token first if the edit is off).
-            if sub is not None and sub.repl[0] == t and (sub.active or not keeps):
+            if sub is not None and sub.repl[0] == t and (sub.state != "keep" or not keeps):
                 self.run += 1
                 if len(sub.repl) > 1:
                     self._queue, self._after_queue, self._in_sub = list(sub.repl[1:]), p + len(sub.src), sub
@@ -183,14 +203,16 @@ class NgramDrafter:
                     self.pointer = p + len(sub.src)
                 return
             if keeps:
-                if sub is not None and sub.active:
-                    sub.misses += 1  # we would have proposed the edit; the output kept the source
+                if sub is not None:
+                    sub.kept += 1
                 self.pointer = p + 1
                 self.run += 1
                 if self._pending is not None and self.run >= self.CONFIRM:
                     self._learn(self._pending)
                     self._pending = None
                 return
+            if sub is not None:
+                sub.other += 1
         if self.pointer is not None and self.run > 0:
             self._div = (self.pointer, i)
             if self.origin == "copy" or self.run >= 16:
@@ -237,24 +259,36 @@ class NgramDrafter:
 
     def _learn(self, sub: Substitution) -> None:
         known = self.subs.setdefault(sub.src[0], [])
-        known[:] = [s for s in known if s.src != sub.src]
+        for old in known:
+            if old.src == sub.src:
+                old.repl = sub.repl  # the latest way it was edited (_step counted the change as "other")
+                return
         known.append(sub)
 
     # ---- proposing -----------------------------------------------------------------------
-    def continuation(self, pointer: int, max_len: int, queue: Sequence[int] = ()) -> tuple[int, ...]:
-        """What the copy says comes next from `pointer`, with learnt edits applied."""
+    def continuation(self, pointer: int, max_len: int, queue: Sequence[int] = ()) -> tuple[tuple[int, ...], tuple[float, ...] | None]:
+        """What the copy says comes next from `pointer`, with learnt edits applied; and, when an edit
+        was applied, the confidence of each token (see Draft.confidence)."""
         ctx = self._ctx
         out = list(queue[:max_len])
+        conf = [1.0] * len(out)
+        guessed = False
         p = pointer
         while len(out) < max_len and p < len(ctx):
             sub = self._sub_at(p)
-            if sub is not None and sub.active:
+            state = sub.state if sub is not None else "keep"
+            if state == "hazard":
+                break  # the target decides this one; a draft past it would likely be thrown away
+            if state == "replace":
                 out.extend(sub.repl)
+                conf.extend([sub.confidence] + [1.0] * (len(sub.repl) - 1))
+                guessed = True
                 p += len(sub.src)
             else:
                 out.append(ctx[p])
+                conf.append(1.0)
                 p += 1
-        return tuple(out[:max_len])
+        return tuple(out[:max_len]), (tuple(conf[:max_len]) if guessed else None)
 
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         if max_len <= 0:
@@ -268,12 +302,12 @@ class NgramDrafter:
             since = len(self._ctx) - o_div
             if since <= self.EDIT_GUESS:
                 # Just after an edit: guess that it replaced as many tokens as it wrote, and go on copying.
-                return _ngram(self.continuation(p_div + since, max_len), "ngram/edit", PRIORS["edit"])
+                return _ngram(*self.continuation(p_div + since, max_len), "ngram/edit", PRIORS["edit"])
         return self._copy_draft(max_len) if copying else EMPTY
 
     def _copy_draft(self, max_len: int) -> Draft:
         start = self._after_queue if self._queue else self.pointer
-        tokens = self.continuation(start, max_len, self._queue)
+        tokens, confidence = self.continuation(start, max_len, self._queue)
         bucket = run_bucket(self.run)
         if self.run >= 16:
             kind = "copy"
@@ -281,11 +315,11 @@ class NgramDrafter:
             kind = "resume"  # the same long copy, picked up again after an edit
         else:
             kind = self.origin
-        return _ngram(tokens, f"ngram/{kind}/r{bucket}", PRIORS[kind][bucket])
+        return _ngram(tokens, confidence, f"ngram/{kind}/r{bucket}", PRIORS[kind][bucket])
 
 
-def _ngram(tokens: tuple[int, ...], key: str, prior: float) -> Draft:
-    return Draft(tokens, "ngram", key, prior=prior) if tokens else EMPTY
+def _ngram(tokens: tuple[int, ...], confidence: tuple[float, ...] | None, key: str, prior: float) -> Draft:
+    return Draft(tokens, "ngram", key, prior=prior, confidence=confidence) if tokens else EMPTY
 
 
 def _nearest(ends: list[int], target: int) -> int:

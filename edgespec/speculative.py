@@ -8,7 +8,7 @@ longest valid prefix plus the target's own next token, and trims both KV caches 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -207,7 +207,10 @@ class SpeculativeDecoder:
             self.stats.margins.extend(top2_margin(logits[i]) for i in range(n_acc + 1))
         self.target.trim(base + 1 + n_acc)
         if draft.tokens:
-            self.controller.observe(draft.key, len(draft.tokens), n_acc, prior=draft.prior)
+            drafted = len(draft.tokens)
+            if draft.confidence is not None and n_acc < drafted and draft.confidence[n_acc] < 1.0:
+                drafted = n_acc  # rejected at a guessed edit: the drafter's own record of that edit learns from it, not the state
+            self.controller.observe(draft.key, drafted, n_acc, prior=draft.prior)
             if draft.source == "draft":
                 self.controller.observe_draft(len(draft.tokens), t1 - t0)
         self.controller.observe_verify(len(batch), t2 - t1)
@@ -235,11 +238,12 @@ class SpeculativeDecoder:
         if self.ngram is not None and mode in ("ngram", "combined", "auto"):
             proposal = self.ngram.propose(ctx, min(k_cap, c.k_max))
             if proposal.tokens:
-                k = c.choose(proposal.key, 0.0, len(proposal.tokens), prior=proposal.prior).k
+                k = c.choose(proposal.key, 0.0, len(proposal.tokens), prior=proposal.prior,
+                             confidence=proposal.confidence).k
                 if k == 0:
                     self._start_shadow(ctx, proposal)
                 else:
-                    candidate = Draft(proposal.tokens[:k], "ngram", proposal.key)
+                    candidate = replace(proposal, tokens=proposal.tokens[:k])
         if candidate.tokens or self.drafter is None or mode not in ("draft", "combined", "auto"):
             return candidate
         choice = c.choose("draft", c.cost.draft_cost, k_cap)
@@ -263,9 +267,13 @@ class SpeculativeDecoder:
         return min(self.controller.k_min + 1, k_cap, self.controller.k_max)
 
     # ---- free acceptance measurement for the n-gram drafter while it is off ---------------
+    # Long enough to see a copy hold, short enough to resolve within a few tokens: a 60-token
+    # shadow would report only after 60 tokens, and the state it measures would be long gone.
+    SHADOW_MAX = 12
+
     def _start_shadow(self, ctx: list[int], proposal: Draft) -> None:
         if self._shadow is None:
-            self._shadow = (proposal, len(ctx))
+            self._shadow = (replace(proposal, tokens=proposal.tokens[: self.SHADOW_MAX]), len(ctx))
 
     def _check_shadow(self, ctx: list[int]) -> None:
         if self._shadow is None:

@@ -70,23 +70,40 @@ def test_a_rename_is_learnt_and_proposed_at_its_next_occurrence():
     out = [10, 11, 60, 61, 12, 13, 14, 20, 21, 60, 61, 22, 23, 24, 30, 31, 60, 61, 32, 33, 34]
     d = NgramDrafter()
     props = follow(d, [1, *src, 2], out)
-    # before the second "a": the proposal already carries the rename
+    # before the second "a": the proposal already carries the rename, marked as a guess
     assert props[8].tokens[:5] == (21, 60, 61, 22, 23)
+    assert props[8].confidence[1] < 1.0 and props[8].confidence[0] == props[8].confidence[2] == 1.0
     assert props[15].tokens[:4] == (31, 60, 61, 32)
     (sub,) = [s for subs in d.subs.values() for s in subs]
-    assert sub.src == (50,) and sub.repl == (60, 61) and sub.hits >= 1 and sub.active
+    assert sub.src == (50,) and sub.repl == (60, 61) and sub.hits >= 2 and sub.state == "replace"
+    # each time the output makes the edit again it becomes a surer bet
+    assert props[15].confidence[1] > props[8].confidence[1]
 
 
-def test_an_edit_made_once_is_dropped_when_the_output_keeps_the_source_next_time():
-    src = [10, 11, 50, 12, 13, 14, 20, 21, 50, 22, 23, 24, 25]
-    out = [10, 11, 70, 12, 13, 14, 20, 21, 50, 22, 23, 24, 25]  # only the first 50 was changed
+def test_an_edit_made_once_is_dropped_when_the_output_keeps_the_source_again():
+    src = [10, 11, 50, 12, 13, 14, 20, 21, 50, 22, 23, 24, 25, 26, 50, 27, 28, 29, 30, 31, 50, 32, 33]
+    out = [10, 11, 70, 12, 13, 14, 20, 21, 50, 22, 23, 24, 25, 26, 50, 27, 28, 29, 30, 31, 50, 32, 33]
     d = NgramDrafter()
     props = follow(d, [1, *src, 2], out)
-    assert props[7].tokens[:2] == (21, 70)  # proposed the learnt edit once...
+    assert props[7].tokens[:2] == (21, 70)  # proposed the learnt edit once (as a guess)...
     (sub,) = [s for subs in d.subs.values() for s in subs]
-    assert not sub.active  # ...and after the output kept 50, no longer
-    second = 1 + src.index(50, 3)  # context position of the second 50
-    assert d.continuation(second - 1, 3) == (21, 50, 22)
+    # ...kept once: unsure, so the next draft stops before it and the target decides...
+    assert props[13].tokens == (26,)
+    # ...kept twice: the edit was a one-off, the source is copied as it is again
+    assert sub.state == "keep"
+    assert props[19].tokens[:3] == (31, 50, 32) and props[19].confidence is None
+
+
+def test_an_edit_made_differently_each_time_ends_drafts_before_it():
+    # `var` (50) becomes `let` (60) or `const` (70) depending on the line: a hazard, not a rename
+    src = [10, 50, 11, 12, 13, 14, 15, 50, 16, 17, 18, 19, 20, 50, 21, 22, 23, 24, 25, 50, 26, 27]
+    out = [10, 70, 11, 12, 13, 14, 15, 60, 16, 17, 18, 19, 20, 70, 21, 22, 23, 24, 25, 60, 26, 27]
+    d = NgramDrafter()
+    props = follow(d, [1, *src, 2], out)
+    (sub,) = [s for subs in d.subs.values() for s in subs]
+    assert sub.state == "hazard"
+    assert props[18].tokens == (25,)  # stops before the next `var`: the target picks let or const
+    assert props[20].tokens[:2] == (26, 27)  # and the copy goes on after it
 
 
 def test_free_text_gives_only_weak_guesses():
