@@ -6,6 +6,7 @@ Three layers: `SpeculativeDecoder.generate` yields TokenEvents; `stream` turns t
 
 from __future__ import annotations
 
+import codecs
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -116,29 +117,17 @@ def summarize(st: LoopStats, mode: str, n_tokens: int, finish_reason: str | None
 
 
 class _Utf8:
-    """Incremental decoder: emits only complete characters; a character may span tokens."""
+    """Incremental decoder: emits only complete characters (a character may span tokens); bytes
+    that can never be UTF-8 become U+FFFD at once instead of holding back the text after them."""
 
     def __init__(self):
-        self.pending = b""
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def feed(self, data: bytes) -> str:
-        self.pending += data
-        for cut in range(len(self.pending), max(len(self.pending) - 4, -1), -1):
-            try:
-                text = self.pending[:cut].decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            self.pending = self.pending[cut:]
-            return text
-        # Not a truncated character but invalid bytes: let them through as replacement chars.
-        text = self.pending.decode("utf-8", errors="replace")
-        self.pending = b""
-        return text
+        return self._decoder.decode(data)
 
     def flush(self) -> str:
-        text = self.pending.decode("utf-8", errors="replace")
-        self.pending = b""
-        return text
+        return self._decoder.decode(b"", final=True)
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
