@@ -562,6 +562,7 @@ def _fetch_lock(entry: ModelEntry, progress: Progress):
     from filelock import FileLock, Timeout
 
     path = paths.home() / "locks" / f"{entry.name}.lock"
+    lock = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(path))
@@ -574,12 +575,12 @@ def _fetch_lock(entry: ModelEntry, progress: Progress):
             finally:
                 progress.done()
     except OSError:
-        yield
-        return
+        lock = None
     try:
         yield
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def _fetch(entry: ModelEntry, progress: Progress) -> Path:

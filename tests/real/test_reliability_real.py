@@ -377,7 +377,8 @@ pack = {{ packages = ["tiny-part1==1.0", "tiny-part2==1.0"], members = ["tiny_pa
 def test_sigterm_during_profile(tmp_path, model_path):
     home = tmp_path / "home"
     env = {**os.environ, "EDGESPEC_HOME": str(home)}
-    proc = subprocess.Popen([*ENTRY, "profile", "-m", str(model_path(SMALL)), "--spec", "off", "-t", "2"],
+    # --force: measure even on a busy machine (a CI runner can be), so the signal lands mid-measurement
+    proc = subprocess.Popen([*ENTRY, "profile", "-m", str(model_path(SMALL)), "--spec", "off", "-t", "2", "--force"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for_output(proc, proc.stdout)  # the hardware and plan tables: measuring comes next
     time.sleep(1.0)  # into the measurement (where a profile spends its time)
