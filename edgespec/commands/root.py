@@ -55,11 +55,15 @@ def _in_c_callback(frame) -> bool:
     return False
 
 
+def _send_again_soon(signum: int) -> None:
+    timer = threading.Timer(_REDELIVER_S, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
 def _on_terminate(signum, frame):
     if _in_c_callback(frame):
-        timer = threading.Timer(_REDELIVER_S, os.kill, (os.getpid(), signum))
-        timer.daemon = True
-        timer.start()
+        _send_again_soon(signum)
         return
     # A second signal while unwinding must not cut the clean-up short: ignore the rest.
     for sig in _TERMINATING:
@@ -70,9 +74,7 @@ def _on_terminate(signum, frame):
 def _on_interrupt(signum, frame):
     # Python's own Ctrl-C handler, except that it does not raise where ctypes would drop it.
     if _in_c_callback(frame):
-        timer = threading.Timer(_REDELIVER_S, os.kill, (os.getpid(), signum))
-        timer.daemon = True
-        timer.start()
+        _send_again_soon(signum)
         return
     raise KeyboardInterrupt
 
