@@ -471,7 +471,7 @@ def _adopt_existing(entry: ModelEntry, progress: Progress) -> bool:
     except OSError as err:  # unreadable, or a read-only cache: fetch as if it were absent
         _warn(f"{path}: cannot verify ({err.strerror or err}); not used")
         return False
-    _warn(f"{path}: its sha256 record was missing or wrong; the file hashed correctly and is kept")
+    _warn(f"{path}: its sha256 record was missing, wrong or older than the file; the file hashed correctly and is kept")
     return True
 
 

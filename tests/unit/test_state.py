@@ -93,7 +93,7 @@ def test_right_file_with_missing_or_wrong_record_is_reverified_and_kept(caplog, 
     assert source == []  # nothing fetched: the bytes hashed right
     assert side.read_text().split()[0] == SHA  # the record is repaired
     (line,) = warnings_of(caplog)
-    assert line == f"{path}: its sha256 record was missing or wrong; the file hashed correctly and is kept"
+    assert line == f"{path}: its sha256 record was missing, wrong or older than the file; the file hashed correctly and is kept"
     models.resolve("tiny", allow_download=False)
     assert len(warnings_of(caplog)) == 1  # trusted now: no second hashing, no second line
 
@@ -133,7 +133,7 @@ def test_the_warning_reaches_the_user_as_one_line(source, capsys):
     out, err = capsys.readouterr()
     assert out.strip() == f"tiny: {path}"
     assert [line for line in err.splitlines() if line.strip()] == [
-        f"warning: {path}: its sha256 record was missing or wrong; the file hashed correctly and is kept"]
+        f"warning: {path}: its sha256 record was missing, wrong or older than the file; the file hashed correctly and is kept"]
 
 
 def test_leftover_temp_files_of_a_killed_pull_are_not_models(source):
@@ -240,3 +240,12 @@ def test_doctor_names_a_bad_file_once(tmp_path, capsys, content, why, code):
     assert err == ""
     report = diagnose([str(path)])
     assert report.exit_code == code  # what `edgespec doctor` could exit with (see the report)
+
+
+def test_a_file_changed_after_its_record_is_hashed_again(caplog, source):
+    """A record older than the file (the file replaced or edited in place since) is not trusted blindly."""
+    path, side = put_in_cache(CONTENT, f"{SHA}  tiny.gguf\n")  # the record predates the file
+    assert models.resolve("tiny", allow_download=False) == path
+    (line,) = warnings_of(caplog)
+    assert "older than the file" in line and "hashed correctly and is kept" in line
+    assert side.stat().st_mtime_ns >= path.stat().st_mtime_ns  # the repaired record is current
