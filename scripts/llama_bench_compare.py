@@ -185,7 +185,7 @@ def main() -> None:
     print(f"{path.name}, {a.threads} threads, {a.repeats} interleaved repeats, medians (min–max), tok/s")
     print("fast = llama.cpp defaults (repack, -fa auto) / edgespec default; exact = llama-bench --repack 0 -fa off / edgespec exact=True")
     print()
-    print("| kernels | test | llama-bench | edgespec | edgespec / llama-bench | edgespec all-row logits | ratio |")
+    print("| kernels | test | llama-bench | edgespec | edgespec / llama-bench | edgespec all-row logits | all-row / llama-bench |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         v = r.get("edgespec_verify")
