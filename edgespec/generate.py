@@ -102,7 +102,8 @@ def summarize(st: LoopStats, mode: str, n_tokens: int, finish_reason: str | None
         accepted=accepted,
         acceptance_rate=accepted / drafted if drafted else 0.0,
         accepted_hist=dict(Counter(r.accepted for r in rounds if r.drafted)),
-        mean_accepted_per_pass=n_tokens / len(rounds) if rounds else 0.0,
+        # the pass that produced the end-of-answer token produced output too, though it is not text
+        mean_accepted_per_pass=(n_tokens + (st.finish_reason == "stop")) / len(rounds) if rounds else 0.0,
         draft_ms=sum(r.draft_s for r in rounds) * 1000,
         verify_ms=sum(r.verify_s for r in rounds) * 1000,
         gen_s=gen_s,

@@ -166,9 +166,11 @@ class SpeculativeDecoder:
                 k_cap = min(room, max_tokens - emitted - 1, self._max_draft)
                 new, sources = self._round(ctx, k_cap)
                 assert new, "every round emits at least one token"
-                for tok, src in zip(new, sources):
+                for i, (tok, src) in enumerate(zip(new, sources)):
                     if self.target.is_eog(tok):
                         st.finish_reason = "stop"
+                        # drafts at or after the end of the answer were not part of it
+                        st.rounds[-1].accepted = min(st.rounds[-1].accepted, i)
                         return
                     ctx.append(tok)
                     emitted += 1

@@ -28,7 +28,7 @@ def doctor(refs, as_json):
         click.echo(json.dumps(report.to_json()))
     else:
         render_doctor(stdout_console(), report)
-    if not report.ok:
-        sys.exit(1)
+    if report.exit_code:
+        sys.exit(report.exit_code)  # 3 missing / 4 malformed model file, else 1 for a problem found
 
 

@@ -5,7 +5,7 @@ The corpus: 20 mutants of smollm2's token table (string lengths, string bytes, t
 token types) and 30 of its tensor table (dimension counts, dimensions, ggml types, offsets,
 names), each a few bytes overwritten in a copy of the file, chosen by a fixed seed. Every mutant
 must give, from both commands, either a normal result or one line and an exit code that says what
-is wrong (doctor: 1 with one problem line, its DoctorReport.exit_code 3/4; prompt: 3/4, or 8 when
+is wrong (doctor: one problem line and exit 3/4; prompt: 3/4, or 8 when
 llama.cpp itself refuses the file) -- never a crash, a traceback or a hang.
 """
 
@@ -226,8 +226,8 @@ def doctor_outcome(mutant: Path, capsys) -> tuple[int, str | None]:
     out, err = capsys.readouterr()
     report = diagnose([str(mutant)])
     problems = [line for line in out.splitlines() if line.startswith("problem ")]
-    if code == 1 and report.models[0].error is not None:
-        ok = len(problems) == 1 and problems[0].count(str(mutant)) == 1 and report.exit_code in (3, 4)
+    if report.models[0].error is not None:
+        ok = code == report.exit_code in (3, 4) and len(problems) == 1 and problems[0].count(str(mutant)) == 1
     else:
         ok = code in (0, 1) and "Traceback" not in out + err
     return code, None if ok else f"exit {code}, {out!r} {err!r}"
