@@ -27,6 +27,7 @@ class CostModel:
     verify: dict[int, float] = field(default_factory=dict)
     draft_cost: float = 0.6
     slope: float = PRIOR_VERIFY_SLOPE
+    t1_ms: float | None = None  # the profile's own t(1): live timing is checked against it (timing.py)
 
     def v(self, k: int) -> float:
         if k <= 1:
@@ -47,13 +48,18 @@ class CostModel:
         return self.verify[a] + slope * (k - a)
 
     def to_json(self) -> dict:
-        return {"verify": {str(k): v for k, v in sorted(self.verify.items())}, "draft_cost": self.draft_cost}
+        data = {"verify": {str(k): v for k, v in sorted(self.verify.items())}, "draft_cost": self.draft_cost}
+        if self.t1_ms is not None:
+            data["t1_ms"] = self.t1_ms
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "CostModel":
+        t1 = data.get("t1_ms")
         return cls(
             verify={int(k): float(v) for k, v in data.get("verify", {}).items()},
             draft_cost=float(data.get("draft_cost", 0.6)),
+            t1_ms=float(t1) if isinstance(t1, (int, float)) and t1 > 0 else None,
         )
 
 

@@ -71,6 +71,7 @@ class Engine:
         self.cost = config.cost or CostModel()
         self.draft_max = config.spec.draft_max or default_draft_max(config.cost)
         self._controller: Controller | None = None
+        self.last_controller: Controller | None = None  # the one the latest decoder used (for its notices)
         self._template = self.target.chat_template()
 
     def close(self) -> None:
@@ -138,7 +139,7 @@ class Engine:
         if spec.mode in ("draft",) and drafter is None:
             raise InputError("--spec draft needs a draft model: pass -md/--model-draft or --pair")
         settings = SpecSettings(mode=spec.mode, draft_min=spec.draft_min, draft_max=max(self.draft_max, spec.draft_min))
-        ctl = self.controller(sampling, spec.mode)
+        ctl = self.last_controller = self.controller(sampling, spec.mode)
         return SpeculativeDecoder(self.target, sampling, ctl, settings, ngram=ngram, drafter=drafter,
                                   record_margins=record_margins)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from datetime import datetime, timezone
@@ -58,12 +59,14 @@ def _write_atomic(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
+        tmp_name = None
     except OSError as err:
-        if tmp_name is not None and os.path.exists(tmp_name):
-            os.unlink(tmp_name)
         raise EdgespecError(
             f"cannot write profile {path}: {err.strerror or err}; set EDGESPEC_HOME to a writable directory"
         ) from err
+    finally:  # also on Ctrl-C or SIGTERM mid-write: no temp file is left behind
+        if tmp_name is not None and os.path.exists(tmp_name):
+            os.unlink(tmp_name)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -89,7 +92,11 @@ def _is_current(record: dict[str, Any], hw: HardwareInfo, target: str, draft: st
 
 def load_profile(hw: HardwareInfo, target: str, draft: str | None) -> dict[str, Any] | None:
     """The current record for this machine and pair; None if absent, damaged or stale."""
-    record = _read(profile_path(hw, target, draft))
+    path = profile_path(hw, target, draft)
+    record = _read(path)
+    if record is None and path.exists():
+        logging.getLogger("edgespec").warning(
+            f"ignored unreadable profile {path}; measure again to replace it (edgespec profile)")
     if record is None or not _is_current(record, hw, target, draft):
         return None
     return {**record, "warnings": []}

@@ -218,6 +218,11 @@ def _turn(session: ChatSession, view: ChatView, text: str) -> None:
             view.error(err.message + hint)
             return
     view.answer_end(final)
+    timing = getattr(getattr(getattr(session, "engine", None), "last_controller", None), "timing", None)
+    if timing is not None and timing.take_notice():
+        from ..timing import STALE_MESSAGE
+
+        view.notice(STALE_MESSAGE)
     if sigint.hits > 1:
         # The second Ctrl-C may have landed anywhere, even between a decode and its bookkeeping.
         session.drop_cache()

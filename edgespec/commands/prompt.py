@@ -45,7 +45,7 @@ def prompt(text, system, raw, as_json, quiet, show_drafts, **kw):
     """
     from ..generate import Chunk, Final
     from ..render import stderr_console, stdout_console
-    from ..render.common import footer, styled
+    from ..render.common import footer, print_stale_notice, styled
     from ..template import Message
 
     text = read_prompt(text)
@@ -76,6 +76,7 @@ def prompt(text, system, raw, as_json, quiet, show_drafts, **kw):
     out.file.flush()  # the footer goes to stderr: keep it after the answer on a terminal
     if not quiet:
         err.print(footer(final.stats), style="dim")
+        print_stale_notice(err, getattr(engine, "last_controller", None))
     if final.finish_reason == "interrupted":
         sys.exit(130)
 
