@@ -377,7 +377,14 @@ def detect() -> HardwareInfo:
     import psutil
 
     from edgespec.backend import devices
+    from edgespec.backend.model import ensure_backend
 
+    try:
+        # Our log handler first: backends announce their devices on first use (ggml-vulkan's
+        # banner), which without it lands on stderr ahead of edgespec's own one-line messages.
+        ensure_backend()
+    except Exception:  # llama-cpp-python missing or broken: detection still reports the rest
+        pass
     logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
     physical = min(psutil.cpu_count(logical=False) or logical, logical)
     vm = psutil.virtual_memory()
