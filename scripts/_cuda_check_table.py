@@ -40,7 +40,7 @@ def main() -> None:
         log = (out / f"lc-{mode}.log").read_text(errors="replace") + (out / f"lc-{mode}.out").read_text(errors="replace")
         rows.append((name, llama_row(log)))
     for mode, fig in bench["overall"].items():
-        rows.append((f"edgespec bench {mode} (code+edit)", fig))
+        rows.append((f"edgespec bench {mode} (code prompts)", fig))
     base_es, base_lc = rows[0][1].get("tokens_per_s"), rows[2][1].get("tokens_per_s")
 
     t, d = plan["target"], plan["draft"]
