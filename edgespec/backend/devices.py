@@ -32,10 +32,12 @@ class DeviceInfo:
 
 def _llama_cpp():
     try:
-        import llama_cpp
+        from .model import ensure_backend
+
+        # initialised with edgespec's log handler, so backends' banners stay out of the user's way
+        return ensure_backend()
     except Exception:  # not installed, or its shared library failed to load
         return None
-    return llama_cpp
 
 
 def system_info() -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -29,6 +30,8 @@ def _llama():
 
 
 _backend_ready = False
+# llama.cpp's last log lines, kept even when not shown: a failed load's reason is only in its log.
+_recent_log: deque[bytes] = deque(maxlen=40)
 _log_callback = None
 _verbose = False
 # Greedy speculative output must equal plain decoding token for token, so a row's logits must not
@@ -69,15 +72,26 @@ def _ensure_backend(llama_cpp) -> None:
 
     @llama_cpp.llama_log_callback
     def _log(level, text, _user):  # pragma: no cover - called from C
-        if _verbose and text:
-            os.write(2, text)
+        if text:
+            _recent_log.append(text)
+            if _verbose:
+                os.write(2, text)
 
     _log_callback = _log  # keep a reference: C holds only the pointer
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
+    _backend_ready = True  # before the abort handler: finding ggml's library comes back through here
     if not _native_backtraces:
         _install_abort_handler()
-    _backend_ready = True
+
+
+def _allocation_failure() -> str | None:
+    """The allocation error llama.cpp logged during the last load, if that is why it failed."""
+    for raw in reversed(_recent_log):
+        line = raw.decode("utf-8", "replace").strip()
+        if "alloc" in line and ("fail" in line or "unable" in line):
+            return line[:200]
+    return None
 
 
 def abort_message(text: str) -> str:
@@ -172,8 +186,15 @@ class LlamaModel:
             arr = (ctypes.c_float * len(self.params.tensor_split))(*self.params.tensor_split)
             self._tensor_split = arr  # must outlive the load call
             mp.tensor_split = arr
+        _recent_log.clear()
         model = lc.llama_model_load_from_file(str(self.path).encode(), mp)
         if not model:
+            alloc = _allocation_failure()
+            if alloc:
+                raise BackendError(
+                    f"llama.cpp could not allocate memory to load {self.path.name} ({alloc}); "
+                    "put fewer layers on the GPU (-ngl, --gpu-memory) or use a smaller -c/--ctx-size"
+                )
             raise ModelFileError(
                 f"llama.cpp could not load {self.path} (not a supported GGUF, or corrupt); "
                 "run with --verbose for llama.cpp's reason"

@@ -188,3 +188,5 @@ def test_a_llama_cpp_allocation_failure_is_one_line_not_an_abort(cli, small):
     lines = proc.stderr.strip().splitlines()
     ours = [line for line in lines if not line.startswith("ggml_vulkan: ")]  # ggml-vulkan writes to std::cerr itself
     assert len(ours) == 1 and ours[0].startswith("error: ") and lines[-1] == ours[0], proc.stderr
+    # llama.cpp's own log says why the load failed: an allocation, not a bad file (exit 8, not 4)
+    assert proc.returncode == 8 and "could not allocate" in ours[0], (proc.returncode, ours[0])
