@@ -150,7 +150,7 @@ def main(argv=None) -> None:
         _say(f"terminated ({signal.Signals(sig.signum).name})")
         sys.exit(128 + sig.signum)
     except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+        click.echo("interrupted", err=True)
         sys.exit(130)
     except click.ClickException as err:
         err.show()
