@@ -88,6 +88,13 @@ def test_readme_example_runs(line, scratch_home, servers):
         _serve(line, env, servers)
         return
     r = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=900)
+    if line == "edgespec profile" and r.returncode == 1:
+        # Documented: on a busy or noisy machine profile measures nothing it would have to throw
+        # away, says why in one line and exits 1 (the saved costs stay). Anything else fails.
+        lines = r.stderr.strip().splitlines()
+        assert lines and re.match(r"error: profile (not measured, the machine is busy|unstable) \(", lines[-1]), r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
+        return
     assert r.returncode == EXPECTED_EXIT.get(line, 0), f"{line}\n{r.stderr[-2000:]}"
     assert "Traceback" not in r.stderr
     check_output(line, r.stdout, r.stderr)
@@ -156,7 +163,9 @@ def _check_profile(argv, out, err):
     for field in ("hardware", "offload plan", "devices", "measured target batch cost t(k)", "drafters", "saved profile:"):
         assert field in out, field
     cells = [[c.strip() for c in row.split("│")[1:-1]] for row in out.splitlines() if "│" in row]
-    assert any(len(c) == 3 and c[0] == "1" and c[2] == "1.00" for c in cells), "no t(1) row in the timing table"
+    # k | ms | spread | v(k): t(1) is its own unit
+    assert any(len(c) == 4 and c[0] == "1" and c[2].startswith("+") and c[3] == "1.00" for c in cells), \
+        "no t(1) row in the timing table"
 
 
 def _check_doctor(argv, out, err):
