@@ -71,3 +71,19 @@ def plain_greedy(lm, prompt, max_tokens, eos=EOS):
         out.append(tok)
         ctx.append(tok)
     return out
+
+
+def tiny_registry_entry(content: bytes, source: str = 'hf = { repo = "owner/tiny-GGUF", file = "tiny.gguf" }') -> str:
+    """A user models.toml entry `tiny` for `content` (size and sha256 filled in), fetched from `source`."""
+    import hashlib
+
+    return f"""
+[models.tiny]
+family = "t"
+architecture = "llama"
+quant = "Q4_0"
+params = "1M"
+size = {len(content)}
+sha256 = "{hashlib.sha256(content).hexdigest()}"
+{source}
+"""

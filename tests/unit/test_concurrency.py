@@ -20,19 +20,12 @@ import pytest
 
 from edgespec import models
 
+from .fakes import tiny_registry_entry
+
 ROOT = Path(models.__file__).resolve().parents[1]
 CONTENT = b"GGUF" + os.urandom(64) + bytes(range(256)) * 400
 SHA = hashlib.sha256(CONTENT).hexdigest()
-ENTRY = f"""
-[models.tiny]
-family = "t"
-architecture = "llama"
-quant = "Q4_0"
-params = "1M"
-size = {len(CONTENT)}
-sha256 = "{SHA}"
-hf = {{ repo = "owner/tiny-GGUF", file = "tiny.gguf" }}
-"""
+ENTRY = tiny_registry_entry(CONTENT)
 WAIT = 60  # seconds a step may take on a slow, shared machine before the test gives up
 
 # A process with a fake Hugging Face source. The download announces itself (marker DOWNLOADING),

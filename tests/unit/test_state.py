@@ -16,6 +16,8 @@ from edgespec import models, profile_store
 from edgespec.commands.root import main
 from edgespec.hardware import GiB, HardwareInfo
 
+from .fakes import tiny_registry_entry
+
 HW = HardwareInfo(
     os="Linux", cpu_model="Test CPU", physical_cores=2, logical_cores=2, cpu_features=("AVX2",),
     ram_total=24 * GiB, ram_available=20 * GiB, swap_total=0, gpus=(),
@@ -23,16 +25,7 @@ HW = HardwareInfo(
 )
 CONTENT = b"GGUF" + bytes(range(256)) * 20
 SHA = hashlib.sha256(CONTENT).hexdigest()
-ENTRY = f"""
-[models.tiny]
-family = "t"
-architecture = "llama"
-quant = "Q4_0"
-params = "1M"
-size = {len(CONTENT)}
-sha256 = "{SHA}"
-hf = {{ repo = "owner/tiny-GGUF", file = "tiny.gguf" }}
-"""
+ENTRY = tiny_registry_entry(CONTENT)
 
 
 @pytest.fixture(autouse=True)
