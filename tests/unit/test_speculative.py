@@ -184,6 +184,23 @@ def test_auto_mode_keeps_a_useless_draft_model_off():
     assert 0 < len(drafted_rounds) <= 5
 
 
+def test_auto_mode_never_probes_a_draft_model_that_would_first_have_to_read_a_long_prompt():
+    # A probe drafts a couple of tokens, but a draft that has not seen the prompt decodes all of it
+    # first (7.7 s after a 600-token prompt on 2 cores): probing is only allowed near the context.
+    lm = no_eos(LM)
+    target = FakeModel(lm, n_ctx=512)
+    draft_model = FakeModel(AdversarialLM(lm), n_ctx=512)
+    cost = CostModel(verify={2: 1.42, 4: 1.54, 5: 1.97, 8: 2.85}, draft_cost=0.6)
+    ctl = Controller(cost, k_max=8, learn_timing=False, priors={"draft": 0.6})
+    dec = SpeculativeDecoder(target, GREEDY, ctl, SpecSettings(mode="auto", probe_every=8),
+                             drafter=ModelDrafter(draft_model, GREEDY))
+    prompt = [2 + (i * 5) % 5 for i in range(SpeculativeDecoder.PROBE_CATCHUP_MAX + 40)]
+    out = run(dec, prompt, 120)
+    assert out == plain_greedy(lm, prompt, 120)
+    assert draft_model.decode_calls == []
+    assert not [r for r in dec.stats.rounds if r.drafted]
+
+
 def test_verify_greedy_bonus_token_when_all_accepted():
     logits = np.eye(4, dtype=np.float32)[[1, 2, 3]]
     assert verify_greedy([1, 2], logits) == (2, 3)
