@@ -29,7 +29,18 @@ REPEATS = 5
 
 # Stability rules (spread = median / fastest - 1 over the repeats of one timing).
 MAX_T1_SPREAD = 0.10  # t(1) anchors every ratio: it must be tight
-MAX_SPREAD = 0.25  # any other timing
+# The other sizes are judged together: 14 sizes on a shared vCPU each see a slow second now and
+# then (quiet profiles here: typical spreads 6-14%, the worst size 20-30%), and the largest of 14
+# noisy figures says more about the number of sizes than about the machine. What makes a profile
+# wrong is the typical size drifting (a busy machine: the load check sees it too) or one size far
+# off (a collapse the monotonicity check also catches).
+MAX_TYPICAL_SPREAD = 0.15  # the median spread over t(k), k > 1
+MAX_SPREAD = 0.50  # any one t(k)
+MAX_DRAFT_SPREAD = 0.25  # the draft's t(1) (its only figure)
+# Within one walk over the batch sizes, a size is timed back to back for about this long and the
+# fastest run is the walk's sample (at most WALK_MAX_RUNS runs): see time_batches.
+WALK_MIN_MS = 250.0
+WALK_MAX_RUNS = 8
 MONOTONE_FLOOR = 0.5  # a larger batch may not cost less than half a smaller one
 BUSY_CORE_FRACTION = 0.25  # other processes using more than this share of the cores ...
 BUSY_MIN_CORES = 0.5  # ... and at least this many cores: the machine is busy
@@ -83,12 +94,16 @@ def check_stability(cost_ms: dict[int, float], spread: dict[int, float], loads: 
     reasons = [r for r in (busy_reason(x) for x in loads) if r]
     if spread.get(1, 0.0) > MAX_T1_SPREAD:
         reasons.append(f"t(1) varied by {spread[1]:.0%} between repeats (limit {MAX_T1_SPREAD:.0%})")
+    others = [s for k, s in spread.items() if k != 1]
+    if others and statistics.median(others) > MAX_TYPICAL_SPREAD:
+        reasons.append(f"t(k) varied by {statistics.median(others):.0%} between repeats for a typical k "
+                       f"(limit {MAX_TYPICAL_SPREAD:.0%})")
     noisy = [k for k, s in sorted(spread.items()) if k != 1 and s > MAX_SPREAD]
     if noisy:
         worst = max(noisy, key=lambda k: spread[k])
         reasons.append(f"t(k) varied by up to {spread[worst]:.0%} between repeats (k = {worst}; limit {MAX_SPREAD:.0%})")
-    if draft_spread is not None and draft_spread > MAX_SPREAD:
-        reasons.append(f"the draft's t(1) varied by {draft_spread:.0%} between repeats (limit {MAX_SPREAD:.0%})")
+    if draft_spread is not None and draft_spread > MAX_DRAFT_SPREAD:
+        reasons.append(f"the draft's t(1) varied by {draft_spread:.0%} between repeats (limit {MAX_DRAFT_SPREAD:.0%})")
     ks = sorted(cost_ms)
     for i, b in enumerate(ks[1:], 1):
         a = max(ks[:i], key=lambda k: cost_ms[k])  # the dearest smaller batch
@@ -190,12 +205,15 @@ def cost_model(target_ms: dict[int, float], draft_ms: float | None) -> CostModel
 
 # ---- timing ------------------------------------------------------------------------------------
 def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callable[[], float] = time.perf_counter,
-                 after_walk: Callable[[], None] | None = None) -> dict[int, list[float]]:
-    """ms of a k-token batch on a fixed context, `repeats` times per k, interleaved across k.
+                 after_walk: Callable[[], None] | None = None, min_walk_ms: float = WALK_MIN_MS) -> dict[int, list[float]]:
+    """ms of a k-token batch on a fixed context, `repeats` samples per k, interleaved across k.
 
     Every repeat walks all sizes (alternating direction, so a drift in machine speed does not
-    favour one end); one untimed walk first builds each size's graph. `after_walk` runs after
-    each walk (it may raise to stop early)."""
+    favour one end); one untimed walk first builds each size's graph. Within a walk a size is run
+    back to back until about `min_walk_ms` has passed and its sample is the fastest of those runs:
+    a single 70 ms decode catches a hypervisor hiccup as easily as a whole slow minute, and the
+    spread between walks should show the second, not the first. `after_walk` runs after each
+    walk (it may raise to stop early)."""
     context = model.tokenize(_CONTEXT_TEXT)
     model.reset()
     model.decode(context)
@@ -203,17 +221,19 @@ def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callab
     filler = (context * (max(ks) // max(len(context), 1) + 1))[: max(ks)]
     out: dict[int, list[float]] = {k: [] for k in ks}
 
-    def run(k):
+    def run(k) -> float:
         model.trim(base)
+        t0 = clock()
         model.decode(filler[:k], range(k))
+        return (clock() - t0) * 1000
 
+    runs = {}
     for k in ks:  # warm-up: first graph builds and weight repacking are not steady-state costs
-        run(k)
+        first = run(k)
+        runs[k] = max(1, min(WALK_MAX_RUNS, round(min_walk_ms / first))) if first > 0 else 1
     for rep in range(repeats):
         for k in (ks if rep % 2 == 0 else list(reversed(ks))):
-            t0 = clock()
-            run(k)
-            out[k].append((clock() - t0) * 1000)
+            out[k].append(min(run(k) for _ in range(runs[k])))
             progress.advance(1)
         if after_walk is not None:
             after_walk()

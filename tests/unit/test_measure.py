@@ -86,6 +86,19 @@ def test_monotonicity_is_checked():
     assert check_stability(mild, {k: 0.01 for k in mild}) == []
 
 
+def test_one_noisy_size_among_many_is_tolerated_but_a_noisy_typical_size_is_not():
+    # Quiet profiles on a shared 2-vCPU machine: most sizes within ~10%, the worst of 14 at 20-30%.
+    quiet = {k: 0.06 for k in QUIET_MS}
+    quiet[3], quiet[24] = 0.30, 0.22
+    assert check_stability(QUIET_MS, quiet) == []
+    drifting = {k: 0.2 for k in QUIET_MS}
+    drifting[1] = 0.05
+    assert check_stability(QUIET_MS, drifting) == ["t(k) varied by 20% between repeats for a typical k (limit 15%)"]
+    collapse = dict(quiet)
+    collapse[48] = 0.8
+    assert check_stability(QUIET_MS, collapse) == ["t(k) varied by up to 80% between repeats (k = 48; limit 50%)"]
+
+
 def test_noisy_draft_timing_is_unstable():
     assert check_stability({1: 30.0}, {1: 0.0}, (), draft_spread=0.4)
     assert check_stability({1: 30.0}, {1: 0.0}, (), draft_spread=0.05) == []
@@ -162,7 +175,7 @@ def test_time_batches_interleaves_sizes_across_repeats():
     ks = [1, 2, 8, 64]
     model = TimedModel(clock, slow_call=1 + len(ks) + 2)  # prefill, warm-up walk, then the 2nd timed pass
     steps = Steps()
-    samples = M.time_batches(model, ks, 3, steps, clock=clock)
+    samples = M.time_batches(model, ks, 3, steps, clock=clock, min_walk_ms=0)
     batches = [n for n in model.calls if n in ks]
     warmup, timed = batches[: len(ks)], batches[len(ks):]
     assert warmup == ks
@@ -173,6 +186,20 @@ def test_time_batches_interleaves_sizes_across_repeats():
     assert samples[2] == pytest.approx([135.0, 45.0, 45.0])  # the slow pass shows in one repeat only
     assert summarize(samples[2])[0] == pytest.approx(45.0)
     assert model.tokens == []
+
+
+def test_a_walk_times_short_batches_back_to_back_and_keeps_their_fastest_run():
+    clock = FakeClock()
+    ks = [1, 2, 64]
+    # calls: prefill, 3 warm-ups, then walk 1 = k1 x4 (30 ms each, ~120 ms), k2 x3, k64 x1; the
+    # 3rd call of walk 1 (k=1) is a hiccup at 3x
+    model = TimedModel(clock, slow_call=1 + len(ks) + 3)
+    samples = M.time_batches(model, ks, 2, Steps(), clock=clock, min_walk_ms=120)
+    timed = [n for n in model.calls[1 + len(ks):]]
+    assert timed == [1] * 4 + [2] * 3 + [64] + [64] + [2] * 3 + [1] * 4
+    assert samples[1] == pytest.approx([30.0, 30.0])  # the hiccup inside a walk is not its sample
+    assert samples[64] == pytest.approx([420.0, 420.0])
+    assert M.WALK_MAX_RUNS >= 4
 
 
 # ---- the load meter's arithmetic on a fake psutil -----------------------------------------------
