@@ -18,6 +18,12 @@ from .timing import LiveTiming
 # Conservative CPU-shaped prior until the profile or live timing says otherwise:
 # verifying k tokens costs about 1 + 0.5 (k - 1) single-token passes on a small CPU (measured here).
 PRIOR_VERIFY_SLOPE = 0.5
+# A drafter state seen for the first time starts at most POOL_MARGIN above the drafter's pooled
+# recent acceptance, once that pool holds POOL_MIN_ROUNDS rounds.
+POOL_MIN_ROUNDS = 3
+POOL_MARGIN = 0.1
+POOL_TRUSTED = 0.95
+POOL_DECAY = 0.7  # the pool follows the last few rounds: text turns from prose to a copy quickly
 
 
 @dataclass
@@ -40,8 +46,11 @@ class CostModel:
         below = [x for x in known if x < k]
         above = [x for x in known if x > k]
         if below and above:
-            a, b = below[-1], above[0]
-            return self.verify[a] + (self.verify[b] - self.verify[a]) * (k - a) / (b - a)
+            # Between measured sizes, the next measured one's cost: CPU kernels work in row tiles,
+            # so cost is a staircase, not a line (measured on 2 cores: t(16) 257 ms, t(17) 313,
+            # t(20) 345, t(24) 408; a line from 16 to 24 says 276 for 17). Unmeasured sizes
+            # may cost up to that much; the measured, tile-aligned ones are what the choice should use.
+            return max(self.verify[above[0]], self.verify[below[-1]])
         # Outside the measured range: extend with the slope of the nearest end (never below 1 + 0.02/token).
         a = below[-1] if below else above[0]
         slope = max((self.verify[a] - 1.0) / (a - 1), 0.02)
@@ -153,6 +162,7 @@ class Controller:
         self.margin = margin
         self.priors = dict(priors or {})
         self.acceptance: dict[str, Acceptance] = {}
+        self.pooled: dict[str, Acceptance] = {}  # per drafter, all its states together (see estimate)
         # Timing learnt online; checked against the profile's own t(1) when the cost model has one
         # (a profile measured on a busy machine is replaced by the live estimate, see timing.py).
         profile_t1_ms = getattr(cost, "t1_ms", None)
@@ -168,6 +178,13 @@ class Controller:
         if est is None:
             base = key.split("/")[0]
             start = self.priors.get(key, self.priors.get(base, 0.5 if prior is None else prior))
+            pooled = self.pooled.get(base)
+            if key != base and start < POOL_TRUSTED and pooled is not None and pooled.rounds >= POOL_MIN_ROUNDS:
+                # A state not seen yet starts no higher than what the drafter's other states have
+                # been getting lately: in free text every new state's first draft is otherwise a
+                # loss (28 states, each paying for its own lesson). States whose own evidence is
+                # strong (a 16+-token verified copy run) keep their prior.
+                start = min(start, pooled.alpha + POOL_MARGIN)
             # The prior counts as one run of its own expected length (1/(1 - prior) tokens), so a
             # state believed to copy ~30 tokens at a time is not written off by one early miss.
             est = self.acceptance[key] = Acceptance(prior=start, weight=max(2.0, min(50.0, 1.0 / (1.0 - start))))
@@ -183,7 +200,8 @@ class Controller:
         best = Choice(0, 1.0)
         # A forced mode with a short proposal still uses what it has.
         lo = self.k_min if self.allow_off else min(self.k_min, max(hi, 1))
-        ks = candidate_ks(lo, hi)
+        # the measured batch sizes (drafts + 1) are where the cost staircase steps: always compared
+        ks = sorted(set(candidate_ks(lo, hi)) | {m - 1 for m in self.cost.verify if lo <= m - 1 <= hi})
         gain = None
         if confidence is not None and any(c < 1.0 for c in confidence[:hi]):
             gain = [1.0]  # gain[k]: expected tokens from a k-token draft (the target's own token included)
@@ -214,6 +232,9 @@ class Controller:
 
     def observe(self, key: str, drafted: int, accepted: int, *, prior: float | None = None) -> None:
         self.estimate(key, prior).observe(drafted, accepted)
+        base = key.split("/")[0]
+        if base != key:
+            self.pooled.setdefault(base, Acceptance(decay=POOL_DECAY)).observe(drafted, accepted)
 
     # ---- timing ----------------------------------------------------------------------
     def observe_verify(self, n_tokens: int, seconds: float) -> None:

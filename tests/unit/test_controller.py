@@ -45,7 +45,7 @@ def test_learns_acceptance():
 
 def test_cost_model_interpolates_and_extrapolates():
     assert CPU.v(1) == 1.0
-    assert CPU.v(3) == pytest.approx((1.42 + 1.54) / 2)
+    assert CPU.v(3) == pytest.approx(1.54)  # between measured sizes: the next one's cost (a staircase)
     assert CPU.v(10) > CPU.v(8)
     assert CostModel().v(5) == pytest.approx(3.0)
 
@@ -72,3 +72,24 @@ def test_could_pay_rules_out_a_draft_model_too_costly_even_when_perfect():
     ctl = Controller(CostModel(verify={2: 2.01, 4: 2.6, 7: 3.98}, draft_cost=0.47), k_max=6)
     assert not ctl.could_pay(0.47)
     assert ctl.could_pay(0.05)
+
+
+def test_a_new_drafter_state_starts_no_higher_than_the_drafters_recent_record():
+    from edgespec.controller import POOL_MARGIN
+
+    ctl = Controller(CPU, k_max=16, learn_timing=False)
+    fresh = Controller(CPU, k_max=16, learn_timing=False)
+    for key in ("ngram/find/r1", "ngram/find/r2", "ngram/find/r4"):  # free text: every state misses
+        ctl.observe(key, 3, 0, prior=0.7)
+    pooled = ctl.pooled["ngram"].alpha
+    assert pooled < 0.4
+    assert ctl.estimate("ngram/find/r8", 0.88).alpha == pytest.approx(pooled + POOL_MARGIN)
+    assert fresh.estimate("ngram/find/r8", 0.88).alpha == pytest.approx(0.88)  # no record yet: the prior
+    assert ctl.choose("ngram/find/r8", 0.0, 16, prior=0.88).k == 0
+    assert fresh.choose("ngram/find/r8", 0.0, 16, prior=0.88).k > 0
+    # a long verified copy run is its own evidence: its prior stands
+    assert ctl.estimate("ngram/copy/r32", 0.985).alpha == pytest.approx(0.985)
+    # and the record recovers within a few good rounds (text turned from prose to a copy)
+    for _ in range(4):
+        ctl.observe("ngram/find/r16", 8, 8, prior=0.95)
+    assert ctl.pooled["ngram"].alpha > 0.85
