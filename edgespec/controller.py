@@ -178,24 +178,32 @@ class Controller:
         if est is None:
             base = key.split("/")[0]
             start = self.priors.get(key, self.priors.get(base, 0.5 if prior is None else prior))
-            pooled = self.pooled.get(base)
-            if key != base and start < POOL_TRUSTED and pooled is not None and pooled.rounds >= POOL_MIN_ROUNDS:
-                # A state not seen yet starts no higher than what the drafter's other states have
-                # been getting lately: in free text every new state's first draft is otherwise a
-                # loss (28 states, each paying for its own lesson). States whose own evidence is
-                # strong (a 16+-token verified copy run) keep their prior.
-                start = min(start, pooled.alpha + POOL_MARGIN)
             # The prior counts as one run of its own expected length (1/(1 - prior) tokens), so a
             # state believed to copy ~30 tokens at a time is not written off by one early miss.
             est = self.acceptance[key] = Acceptance(prior=start, weight=max(2.0, min(50.0, 1.0 / (1.0 - start))))
         return est
+
+    def capped_alpha(self, key: str, prior: float | None = None) -> float:
+        """The key's acceptance, capped at POOL_MARGIN above its drafter's pooled recent record.
+
+        States are many (28 for the n-gram drafter) and each learns only from its own rounds; one
+        lucky round (a 12-token shadow that held) makes a weak state look strong for a while. In
+        free text every such state's next draft is a loss; the pool, fed by every state, says the
+        text is not copying. States with strong evidence of their own (a 16+-token verified copy
+        run: prior >= POOL_TRUSTED) are not capped."""
+        est = self.estimate(key, prior)
+        base = key.split("/")[0]
+        pooled = self.pooled.get(base)
+        if key == base or est.prior >= POOL_TRUSTED or pooled is None or pooled.rounds < POOL_MIN_ROUNDS:
+            return est.alpha
+        return min(est.alpha, pooled.alpha + POOL_MARGIN)
 
     def choose(self, key: str, draft_cost: float, k_cap: int | None = None, *, prior: float | None = None,
                confidence: Sequence[float] | None = None) -> Choice:
         """The K with the most expected tokens per unit time. `confidence[i]` (when given) scales the
         chance of accepting drafted token i on top of the key's per-token rate: a drafter that knows
         a position is a guess (a learnt edit it has seen made only once) says so there."""
-        alpha = self.estimate(key, prior).alpha
+        alpha = self.capped_alpha(key, prior)
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
         best = Choice(0, 1.0)
         # A forced mode with a short proposal still uses what it has.

@@ -132,6 +132,8 @@ class NgramDrafter:
     CONFIRM = 3  # tokens the copy must resume for before an edit is learnt
     SUB_MAX = 8  # longest source or replacement span learnt as a substitution
     EDIT_GUESS = 3  # tokens after a divergence during which the copy is guessed to go on (substitution)
+    WEAK_FIND = 4  # a match found anywhere that held for fewer tokens does not move the divergence point
+    GUESS_RUN = 8  # a match found anywhere must have held this long for its break to be guessed as an edit
 
     def __init__(self, n_min: int = 1, n_max: int = 4):
         if not 1 <= n_min <= n_max:
@@ -150,6 +152,7 @@ class NgramDrafter:
         self._in_sub: Substitution | None = None  # the edit whose replacement the queue holds
         self.prev_run = 0  # length of the copy run before the last divergence (0: none)
         self._div: tuple[int, int] | None = None  # (source pointer, output index) of the last divergence
+        self._div_guess = False  # whether that divergence broke a real copy (then its edit is guessed)
         self._pending: Substitution | None = None
         self.subs: dict[int, list[Substitution]] = {}
 
@@ -218,7 +221,14 @@ class NgramDrafter:
             if sub is not None:
                 sub.other += 1
         if self.pointer is not None and self.run > 0:
-            self._div = (self.pointer, i)
+            # A short match found anywhere that fails is a wrong guess, not where the copy broke:
+            # keep the last real divergence, so the copy can still be found again near it (a
+            # re-indented line: source "  self.x", output "self.x"; "self" alone first matches
+            # some other line, then ".x" lands next to the original position).
+            if not (self.origin == "find" and self.run < self.WEAK_FIND and self._div is not None):
+                self._div = (self.pointer, i)
+                # only a break in a copy that had really held is worth guessing the edit of
+                self._div_guess = self.origin == "copy" or self.run >= self.GUESS_RUN
             if self.origin == "copy" or self.run >= 16:
                 self.prev_run = max(self.run, self.prev_run if self.run < 16 else 0)
         self._pending = None
@@ -301,7 +311,7 @@ class NgramDrafter:
         copying = self.pointer is not None and self.run >= 1
         if copying and (self.origin == "copy" or self.run >= 4):
             return self._copy_draft(max_len)
-        if self._div is not None:
+        if self._div is not None and self._div_guess:
             p_div, o_div = self._div
             since = len(self._ctx) - o_div
             if since <= self.EDIT_GUESS:

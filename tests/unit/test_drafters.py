@@ -163,3 +163,18 @@ def test_a_deletion_is_followed_but_not_learnt_as_an_edit():
     props = follow(d, [1, *src, 2], out)
     assert props[4].tokens[:3] == (14, 15, 20)  # the copy is found again right after the deletion
     assert not d.subs  # an empty replacement is never proposed
+
+
+def test_a_reindented_copy_is_found_again_near_the_source_and_its_dedent_learnt():
+    # Source lines "<indent> self.a = 1" ...; the answer drops the indent ("self" without its
+    # space is another token). "self" alone first matches some other place (a weak find); the
+    # copy must still be found next to the original line, and the dedent proposed on later lines.
+    NL, IND, SELF, BARE, EQ, W = 1, 2, 3, 4, 5, 6
+    A, B, C, D = 10, 11, 12, 13
+    source = [NL, IND, SELF, A, EQ, 20, NL, IND, SELF, B, EQ, 21, NL, IND, SELF, C, EQ, 22, NL, IND, SELF, D, EQ, 23, NL]
+    prompt = [W, BARE, 30, 31, W] + source + [W, W]
+    d = NgramDrafter()
+    out = [BARE, A, EQ, 20, NL, BARE, B, EQ, 21, NL]
+    for i in range(len(out) + 1):
+        draft = d.propose(prompt + out[:i], 8)
+    assert draft.tokens[:4] == (BARE, C, EQ, 22)
