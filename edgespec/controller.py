@@ -18,8 +18,9 @@ from .timing import LiveTiming
 # Conservative CPU-shaped prior until the profile or live timing says otherwise:
 # verifying k tokens costs about 1 + 0.5 (k - 1) single-token passes on a small CPU (measured here).
 PRIOR_VERIFY_SLOPE = 0.5
-# A drafter state seen for the first time starts at most POOL_MARGIN above the drafter's pooled
-# recent acceptance, once that pool holds POOL_MIN_ROUNDS rounds.
+# A drafter state is judged at most POOL_MARGIN above the drafter's pooled recent acceptance (all
+# its states together), once that pool holds POOL_MIN_ROUNDS rounds; states whose prior is at
+# least POOL_TRUSTED (long verified copies) are exempt. See Controller.capped_alpha.
 POOL_MIN_ROUNDS = 3
 POOL_MARGIN = 0.1
 POOL_TRUSTED = 0.95
@@ -162,7 +163,7 @@ class Controller:
         self.margin = margin
         self.priors = dict(priors or {})
         self.acceptance: dict[str, Acceptance] = {}
-        self.pooled: dict[str, Acceptance] = {}  # per drafter, all its states together (see estimate)
+        self.pooled: dict[str, Acceptance] = {}  # per drafter, all its states together (see capped_alpha)
         # Timing learnt online; checked against the profile's own t(1) when the cost model has one
         # (a profile measured on a busy machine is replaced by the live estimate, see timing.py).
         profile_t1_ms = getattr(cost, "t1_ms", None)
