@@ -106,6 +106,19 @@ def test_controller_with_a_good_profile_keeps_it_for_unseen_sizes():
     assert not ctl.profile_stale and ctl.cost.verify == {2: 1.5, 8: 3.0}
 
 
+def test_controller_with_a_good_profile_is_not_moved_by_noisy_passes():
+    # Passes that agree with the profile on the whole (not stale) but are noisy per size: the
+    # profile's own costs stand; the draft lengths must not follow one slow 16-row batch.
+    ctl = Controller(profiled_cost(30.0, {2: 1.5, 8: 3.0, 16: 4.0}), k_max=15)
+    before = ctl.choose("x", 0.0, prior=0.95).k
+    for i in range(STALE_PASSES * 2):
+        ctl.observe_verify(1, 30 * MS)
+        ctl.observe_verify(16, (4.0 if i % 3 else 9.0) * 30 * MS)
+    assert not ctl.profile_stale
+    assert ctl.cost.verify == {2: 1.5, 8: 3.0, 16: 4.0}
+    assert ctl.choose("x", 0.0, prior=0.95).k == before == 15
+
+
 def test_controller_without_learning_ignores_timing():
     ctl = Controller(profiled_cost(30.0, {2: 1.5}), learn_timing=False)
     for _ in range(50):
