@@ -30,7 +30,7 @@ REPEATS = 5
 # Stability rules (spread = median / fastest - 1 over the repeats of one timing).
 MAX_T1_SPREAD = 0.10  # t(1) anchors every ratio: it must be tight
 # The other sizes are judged together: 14 sizes on a shared vCPU each see a slow second now and
-# then (quiet profiles here: typical spreads 6-14%, the worst size 20-30%), and the largest of 14
+# then (six quiet profiles here: typical spreads 3-14%, the worst size 17-31%), and the largest of 14
 # noisy figures says more about the number of sizes than about the machine. What makes a profile
 # wrong is the typical size drifting (a busy machine: the load check sees it too) or one size far
 # off (a collapse the monotonicity check also catches).
