@@ -23,17 +23,10 @@ import pytest
 
 from edgespec import models
 
-SMALL = "smollm2-135m-instruct-q4_1"
-TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
-DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+from ..conftest import DRAFT, SMALL, TARGET  # noqa: F401  (shared with tests/real)
+
 EDGESPEC = Path(sys.executable).parent / "edgespec"
 HOW = "run the GPU suite with scripts/test-vulkan (it builds the Vulkan llama.cpp into .venv-vulkan)"
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "/tests/gpu/" in str(item.fspath):
-            item.add_marker(pytest.mark.real)
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,7 @@ import pytest
 
 from edgespec import models
 
-TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
-DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
-SMALL = "smollm2-135m-instruct-q4_1"
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "/tests/real/" in str(item.fspath):
-            item.add_marker(pytest.mark.real)
+from ..conftest import DRAFT, SMALL, TARGET  # noqa: F401  (the tests here import them from this module)
 
 
 @pytest.fixture(scope="session")
