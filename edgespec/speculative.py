@@ -266,7 +266,9 @@ class SpeculativeDecoder:
         """While the draft model looks unprofitable, try it now and then (backing off) in case that changed."""
         if not self.controller.could_pay(self.controller.cost.draft_cost, k_cap):
             return 0
-        if len(ctx) - common_prefix_len(self.drafter.model.tokens, ctx) > self.PROBE_CATCHUP_MAX:
+        cached = self.drafter.model.tokens
+        # (the length check first: this runs every round while the draft is off, and the scan is O(context))
+        if len(ctx) - len(cached) > self.PROBE_CATCHUP_MAX or len(ctx) - common_prefix_len(cached, ctx) > self.PROBE_CATCHUP_MAX:
             return 0
         self._rounds_off += 1
         if self._rounds_off < self._probe_gap:
