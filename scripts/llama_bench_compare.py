@@ -2,7 +2,7 @@
 """edgespec's plain decoding and batch costs vs llama.cpp's llama-bench, same model, one run.
 
 usage: scripts/llama_bench_compare.py [MODEL] [--threads 2] [--n-gen 128] [--pp 8,16,32,64]
-                                      [--repeats 5] [--json]
+                                      [--depth 0] [--kinds fast,exact] [--repeats 5] [--json]
 
 llama-bench is found in (or built into) the cache of scripts/_llamacpp_tools.py: the vendored
 llama.cpp of the pinned llama-cpp-python, built with this CPU's flags and llama.cpp's defaults.
@@ -11,7 +11,8 @@ Both kernel kinds are measured side by side:
   exact = llama-bench --repack 0 -fa off              vs  edgespec exact=True (batch-invariant)
 Per kind: tg (llama-bench -n N: N single-token decodes from an empty cache, no sampling) vs
 edgespec plain decoding of N tokens through its generation loop (`prompt`'s path: greedy
-sampling and all, GenerationStats.tokens_per_s); pp K (llama-bench -p K: one K-token batch from
+sampling and all, GenerationStats.tokens_per_s). With --depth D both decode after a D-token
+context (llama-bench -d D; edgespec: a D-token prompt, its prefill not timed); pp K (llama-bench -p K: one K-token batch from
 an empty cache, logits for the last row) vs edgespec's target decode of K tokens from an empty
 cache, with logits for the last row ("pp", like llama-bench) and for every row ("verify", what a
 speculative verify batch needs). Repeats are interleaved (tool, kind, repeat); medians are
@@ -63,9 +64,10 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def llama_bench(binary: Path, model: Path, threads: int, n_gen: int, pps: list[int], kind: str) -> dict[str, float]:
+def llama_bench(binary: Path, model: Path, threads: int, n_gen: int, pps: list[int], kind: str,
+                depth: int = 0) -> dict[str, float]:
     """One invocation, one repetition of every test: {"tg128": tok/s, "pp8": tok/s, ...}."""
-    args = [str(binary), "-m", str(model), "-t", str(threads), "-r", "1", "-o", "json",
+    args = [str(binary), "-m", str(model), "-t", str(threads), "-r", "1", "-o", "json", "-d", str(depth),
             "-p", ",".join(map(str, pps)) if pps else "0", "-n", str(n_gen), *LLAMA_BENCH_KIND_ARGS[kind]]
     proc = subprocess.run(args, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -78,16 +80,26 @@ def llama_bench(binary: Path, model: Path, threads: int, n_gen: int, pps: list[i
 
 
 class EdgespecSide:
-    def __init__(self, model: str, threads: int, kind: str):
-        params = LoadParams(n_ctx=1024, n_threads=threads, n_threads_batch=threads)
+    def __init__(self, model: str, threads: int, kind: str, depth: int = 0, n_gen: int = 128):
+        params = LoadParams(n_ctx=max(1024, depth + n_gen + 64), n_threads=threads, n_threads_batch=threads)
         cfg = EngineConfig(models.resolve(model), params, spec=SpecConfig(mode="off"), exact=kind == "exact")
         self.engine = Engine(cfg)
         self.prompt = self.engine.raw_tokens("The")
+        self.depth = depth
+        if depth:
+            # Source code as the context: a continuation of code does not end early (random
+            # tokens, as llama-bench uses, can make the model stop at once).
+            text = (ROOT / "edgespec" / "speculative.py").read_text()
+            toks = self.engine.raw_tokens(text)
+            while len(toks) < depth:
+                toks += toks
+            self.prompt = toks[:depth]
         vocab = self.engine.target.n_vocab
         rng = random.Random(0)  # llama-bench feeds random tokens too; content does not change the cost
         self.filler = [rng.randrange(vocab) for _ in range(256)]
 
     def tg(self, n_gen: int) -> tuple[float, int]:
+        """Plain generation after the prompt (prefill excluded, as llama-bench's -d)."""
         e = self.engine
         e.reset()
         final = complete(e.stream(self.prompt, SamplingConfig(), max_tokens=n_gen))
@@ -97,6 +109,8 @@ class EdgespecSide:
     def pp(self, k: int, all_rows: bool) -> float:
         t = self.engine.target
         t.reset()
+        if self.depth:
+            t.decode(self.prompt)  # the context the batch attends to, untimed (llama-bench -d)
         t0 = time.perf_counter()
         t.decode(self.filler[:k], range(k) if all_rows else [k - 1])
         dt = time.perf_counter() - t0
@@ -117,17 +131,24 @@ def main() -> None:
     ap.add_argument("--threads", "-t", type=int, default=2)
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--pp", default="8,16,32,64", help="prompt batch sizes (empty: none)")
+    ap.add_argument("--depth", type=int, default=0, help="context tokens before each test (llama-bench -d)")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="kernel kinds to measure: fast, exact or both")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     pps = [int(x) for x in a.pp.split(",") if x.strip()]
+    kinds = tuple(k for k in KINDS if k in a.kinds.split(","))
+    if not kinds or set(a.kinds.split(",")) - set(KINDS):
+        raise SystemExit(f"--kinds: choose from {', '.join(KINDS)} (got {a.kinds!r})")
+    if a.depth < 0 or a.n_gen < 1 or a.repeats < 1:
+        raise SystemExit("--depth must be >= 0, --n-gen and --repeats >= 1")
     model = a.model or models.load_registry().pair(None)[0].name
     path = models.resolve(model)
     binary = _llamacpp_tools.tool("llama-bench")
 
     sides = {}
-    for kind in KINDS:
-        sides[kind] = EdgespecSide(model, a.threads, kind)
+    for kind in kinds:
+        sides[kind] = EdgespecSide(model, a.threads, kind, a.depth, a.n_gen)
         sides[kind].tg(8)  # warm-up: graphs, page faults, weight repacking
         for k in pps:
             sides[kind].pp(k, True)
@@ -139,12 +160,12 @@ def main() -> None:
 
     try:
         for rep in range(a.repeats):
-            order = KINDS if rep % 2 == 0 else tuple(reversed(KINDS))
+            order = kinds if rep % 2 == 0 else tuple(reversed(kinds))
             for kind in order:
                 es = sides[kind]
                 first_lb = rep % 2 == 0
                 if first_lb:
-                    lb = llama_bench(binary, path, a.threads, a.n_gen, pps, kind)
+                    lb = llama_bench(binary, path, a.threads, a.n_gen, pps, kind, a.depth)
                 tps, n = es.tg(a.n_gen)
                 add(kind, tg, "edgespec", tps)
                 if n != a.n_gen:
@@ -153,7 +174,7 @@ def main() -> None:
                     add(kind, f"pp{k}", "edgespec", es.pp(k, all_rows=False))
                     add(kind, f"pp{k}", "edgespec verify", es.pp(k, all_rows=True))
                 if not first_lb:
-                    lb = llama_bench(binary, path, a.threads, a.n_gen, pps, kind)
+                    lb = llama_bench(binary, path, a.threads, a.n_gen, pps, kind, a.depth)
                 for test, v in lb.items():
                     add(kind, test, "llama-bench", v)
                 say(f"repeat {rep + 1}/{a.repeats} {kind}: llama-bench {tg} {lb[tg]:.2f}, edgespec {tps:.2f} tok/s")
@@ -163,7 +184,7 @@ def main() -> None:
 
     tests = [tg] + [f"pp{k}" for k in pps]
     rows = []
-    for kind in KINDS:
+    for kind in kinds:
         for test in tests:
             lb = spread(data[(kind, test, "llama-bench")])
             es = spread(data[(kind, test, "edgespec")])
@@ -178,14 +199,14 @@ def main() -> None:
                 row["verify_ratio"] = v["median"] / lb["median"]
             rows.append(row)
     if a.json:
-        print(json.dumps({"model": path.name, "threads": a.threads, "repeats": a.repeats,
+        print(json.dumps({"model": path.name, "threads": a.threads, "repeats": a.repeats, "depth": a.depth,
                           "llama_bench": str(binary), "rows": rows}))
         return
 
     def f(s):
         return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
 
-    print(f"{path.name}, {a.threads} threads, {a.repeats} interleaved repeats, medians (min–max), tok/s")
+    print(f"{path.name}, {a.threads} threads, depth {a.depth}, {a.repeats} interleaved repeats, medians (min–max), tok/s")
     print("fast = llama.cpp defaults (repack, -fa auto) / edgespec default; exact = llama-bench --repack 0 -fa off / edgespec exact=True")
     print()
     print("| kernels | test | llama-bench | edgespec | edgespec / llama-bench | per-repeat ratio | edgespec all-row logits | all-row / llama-bench |")
@@ -199,7 +220,7 @@ def main() -> None:
     print()
     print("per-repeat ratio: median (min–max) of edgespec / llama-bench within each repeat (the two runs are neighbours in time).")
     print(f"{tg}: llama-bench times {a.n_gen} single-token decodes (no sampling); edgespec runs its plain generation loop "
-          "(greedy sampling included). ppK: one K-token batch from an empty cache; edgespec's last-row column "
+          "(greedy sampling included). ppK: one K-token batch after the --depth context (empty by default); edgespec's last-row column "
           "matches llama-bench, the all-row column is a speculative verify batch.")
 
 
