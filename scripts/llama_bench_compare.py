@@ -80,8 +80,9 @@ def llama_bench(binary: Path, model: Path, threads: int, n_gen: int, pps: list[i
 
 
 class EdgespecSide:
-    def __init__(self, model: str, threads: int, kind: str, depth: int = 0, n_gen: int = 128):
-        params = LoadParams(n_ctx=max(1024, depth + n_gen + 64), n_threads=threads, n_threads_batch=threads)
+    def __init__(self, model: str, threads: int, kind: str, depth: int = 0, n_tokens: int = 128):
+        # n_tokens: the most any test adds after the depth (tg's n-gen, the largest pp)
+        params = LoadParams(n_ctx=max(1024, depth + n_tokens + 64), n_threads=threads, n_threads_batch=threads)
         cfg = EngineConfig(models.resolve(model), params, spec=SpecConfig(mode="off"), exact=kind == "exact")
         self.engine = Engine(cfg)
         self.prompt = self.engine.raw_tokens("The")
@@ -96,7 +97,7 @@ class EdgespecSide:
             self.prompt = toks[:depth]
         vocab = self.engine.target.n_vocab
         rng = random.Random(0)  # llama-bench feeds random tokens too; content does not change the cost
-        self.filler = [rng.randrange(vocab) for _ in range(256)]
+        self.filler = [rng.randrange(vocab) for _ in range(max(256, n_tokens))]
 
     def tg(self, n_gen: int) -> tuple[float, int]:
         """Plain generation after the prompt (prefill excluded, as llama-bench's -d)."""
@@ -148,7 +149,7 @@ def main() -> None:
 
     sides = {}
     for kind in kinds:
-        sides[kind] = EdgespecSide(model, a.threads, kind, a.depth, a.n_gen)
+        sides[kind] = EdgespecSide(model, a.threads, kind, a.depth, max([a.n_gen, *pps]))
         sides[kind].tg(8)  # warm-up: graphs, page faults, weight repacking
         for k in pps:
             sides[kind].pp(k, True)
