@@ -12,9 +12,9 @@ Both kernel kinds are measured side by side:
 Per kind: tg (llama-bench -n N: N single-token decodes from an empty cache, no sampling) vs
 edgespec plain decoding of N tokens through its generation loop (`prompt`'s path: greedy
 sampling and all, GenerationStats.tokens_per_s). With --depth D both decode after a D-token
-context (llama-bench -d D; edgespec: a D-token prompt, its prefill not timed); pp K (llama-bench -p K: one K-token batch from
-an empty cache, logits for the last row) vs edgespec's target decode of K tokens from an empty
-cache, with logits for the last row ("pp", like llama-bench) and for every row ("verify", what a
+context (llama-bench -d D; edgespec: a D-token prompt, its prefill not timed); pp K (llama-bench
+-p K: one K-token batch after that context, logits for the last row) vs edgespec's target decode
+of K tokens after the same context, with logits for the last row ("pp", like llama-bench) and for every row ("verify", what a
 speculative verify batch needs). Repeats are interleaved (tool, kind, repeat); medians are
 printed with min–max. The figures are measurements: nothing is asserted.
 """
