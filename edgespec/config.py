@@ -13,6 +13,7 @@ KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 _ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]*):(?P<port>\d{1,5})$")
 MAX_RPC_SERVERS = 16  # GGML_RPC_MAX_SERVERS
+MAX_PARALLEL = 64  # sequences in one context: llama.cpp allows 256; past this, each step's bookkeeping dominates
 
 
 def parse_rpc(text: str | None) -> tuple[str, ...]:
@@ -73,6 +74,7 @@ class LoadConfig:
     type_v: str = "f16"
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers whose devices join the plan
     gpu_memory: int | None = None  # bytes: --gpu-memory, the most the plan may put on each local GPU
+    n_seq: int = 1  # sequences decoded together (serve --parallel), each with its own n_ctx of KV
 
     def __post_init__(self):
         _require(bool(self.target), "no target model: pass -m/--model or --pair")
@@ -82,6 +84,7 @@ class LoadConfig:
             _require(value is None or 1 <= value <= 1024, f"{flag} must be >= 1 (got {value})")
         for flag, value in (("-ngl", self.n_gpu_layers), ("-ngld", self.n_gpu_layers_draft)):
             _require(value is None or value >= 0, f"{flag} must be >= 0 (got {value})")
+        _require(1 <= self.n_seq <= MAX_PARALLEL, f"--parallel must be in 1..{MAX_PARALLEL} (got {self.n_seq})")
         _require(self.gpu_memory is None or 0 <= self.gpu_memory <= 1 << 50,
                  f"--gpu-memory must be a size >= 0 such as 1.5G or 800M (got {self.gpu_memory} bytes)")
         for flag, value in (("-ctk", self.type_k), ("-ctv", self.type_v)):

@@ -138,6 +138,44 @@ def candidate_ks(lo: int, hi: int) -> list[int]:
 class Choice:
     k: int
     expected_speedup: float
+    expected_tokens: float = 1.0  # what the round is expected to emit (the target's own token included)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the rest of a batch holds when one sequence's draft length is chosen: each other
+    sequence's rows, the tokens those rows are expected to emit, and the drafting time spent on
+    them (in target-token units). With several sequences in one batch a drafted row competes with
+    every other sequence's rows, so it is worth less than it would be alone."""
+
+    seq_rows: tuple[int, ...] = ()
+    tokens: float = 0.0
+    draft_cost: float = 0.0
+
+    @property
+    def rows(self) -> int:
+        return sum(self.seq_rows)
+
+    def plus(self, rows: int, tokens: float, draft_cost: float = 0.0) -> "Load":
+        return Load((*self.seq_rows, rows), self.tokens + tokens, self.draft_cost + draft_cost)
+
+
+def ubatch_sizes(seq_rows: Sequence[int]) -> list[int]:
+    """How llama.cpp runs a batch whose sequences each have their own KV stream: in passes where
+    every sequence still holding rows adds the same number (its "equal split"). Rows (5, 1, 1, 1)
+    are two passes, of 4 rows and then 4 of the first sequence; equal rows are one pass."""
+    left = sorted(r for r in seq_rows if r > 0)
+    sizes, done = [], 0
+    for i, r in enumerate(left):
+        if r > done:
+            sizes.append((len(left) - i) * (r - done))
+            done = r
+    return sizes
+
+
+def batch_cost(cost: "CostModel", seq_rows: Sequence[int]) -> float:
+    """A multi-sequence batch's cost in single-token passes: the sum of its passes' costs."""
+    return sum(cost.v(n) for n in ubatch_sizes(seq_rows))
 
 
 class Controller:
@@ -200,12 +238,24 @@ class Controller:
         return min(est.alpha, pooled.alpha + POOL_MARGIN)
 
     def choose(self, key: str, draft_cost: float, k_cap: int | None = None, *, prior: float | None = None,
-               confidence: Sequence[float] | None = None) -> Choice:
+               confidence: Sequence[float] | None = None, load: Load | None = None) -> Choice:
         """The K with the most expected tokens per unit time. `confidence[i]` (when given) scales the
         chance of accepting drafted token i on top of the key's per-token rate: a drafter that knows
-        a position is a guess (a learnt edit it has seen made only once) says so there."""
+        a position is a guess (a learnt edit it has seen made only once) says so there.
+
+        With `load` (the other sequences of the batch), the throughput judged is the whole batch's:
+        (load.tokens + E(K)) / (load.draft_cost + K c + cost of the batch with K + 1 more rows),
+        against K = 0. Without it (one sequence) this is E(K) / (K c + v(K + 1)) against plain
+        decoding's 1."""
         alpha = self.capped_alpha(key, prior)
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
+        load = load or Load()
+        others, spent = load.tokens, load.draft_cost
+        base = (others + 1.0) / (spent + batch_cost(self.cost, (*load.seq_rows, 1)))
+
+        def rate(tokens: float, k: int) -> float:
+            return (others + tokens) / (spent + k * draft_cost + batch_cost(self.cost, (*load.seq_rows, k + 1))) / base
+
         best = Choice(0, 1.0)
         # A forced mode with a short proposal still uses what it has.
         lo = self.k_min if self.allow_off else min(self.k_min, max(hi, 1))
@@ -221,12 +271,10 @@ class Controller:
             # stopping right before a guess is often the best choice: always consider it
             ks = sorted(set(ks) | {i for i, c in enumerate(confidence[:hi]) if c < 1.0 and lo <= i})
         for k in ks:
-            if gain is None:
-                s = speedup(alpha, k, draft_cost, self.cost)
-            else:
-                s = gain[k] / (k * draft_cost + self.cost.v(k + 1)) if k > 0 else 1.0
+            tokens = expected_tokens(alpha, k) if gain is None else gain[k]
+            s = rate(tokens, k) if k > 0 else 1.0
             if s > best.expected_speedup or (not self.allow_off and best.k == 0):
-                best = Choice(k, s)
+                best = Choice(k, s, tokens)
         if self.allow_off and best.expected_speedup < 1.0 + self.margin:
             return Choice(0, 1.0)
         return best

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .backend.model import LlamaModel, LoadParams
+from .batch import Batcher
 from .config import SpecConfig
 from .controller import Controller, CostModel
 from .errors import ContextError, InputError
@@ -31,6 +32,7 @@ class EngineConfig:
     spec: SpecConfig = SpecConfig()
     cost: CostModel | None = None  # measured by `edgespec profile`; None: a CPU-shaped prior
     exact: bool = False  # True: batch-invariant target kernels, greedy output identical to plain decoding
+    n_seq: int = 1  # sequences decoded together (serve --parallel); each has the full context
 
 
 def default_draft_max(cost: CostModel | None) -> int:
@@ -54,25 +56,46 @@ def check_compatible(target_path: Path, draft_path: Path) -> None:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, *, models: tuple | None = None):
+        """Load the models the config names; `models` (target, draft or None) are already loaded
+        ones that behave like LlamaModel (the tests' multi-sequence fakes)."""
         self.config = config
         self.spec = config.spec
-        if config.draft_path is not None and config.spec.uses_draft_model:
-            check_compatible(config.target_path, config.draft_path)
-        # The target's logits decide the output, so they must not depend on the verify batch size.
-        self.target = LlamaModel(config.target_path, replace(config.target_params, exact=config.exact))
-        self.draft: LlamaModel | None = None
-        try:
-            if config.draft_path is not None and config.spec.uses_draft_model:
-                self.draft = LlamaModel(config.draft_path, config.draft_params or config.target_params)
-        except BaseException:
-            self.target.close()
-            raise
+        if models is not None:
+            self.target, self.draft = models
+        else:
+            self.target, self.draft = self._load(config)
         self.cost = config.cost or CostModel()
         self.draft_max = config.spec.draft_max or default_draft_max(config.cost)
         self._controller: Controller | None = None
         self.last_controller: Controller | None = None  # the one the latest decoder used (for its notices)
+        # Sequence 0's n-gram drafter lives as long as the session, like its controller: in a chat
+        # each turn extends the last one's context, so the edits it learnt still apply.
+        self._ngram: NgramDrafter | None = None
         self._template = self.target.chat_template()
+        self.batcher = Batcher(self.target, n_batch=self.target.n_batch,
+                               max_exact_batch=self.target.max_exact_batch)
+
+    @staticmethod
+    def _load(config: EngineConfig):
+        if config.draft_path is not None and config.spec.uses_draft_model:
+            check_compatible(config.target_path, config.draft_path)
+        # The target's logits decide the output, so they must not depend on the verify batch size.
+        target = LlamaModel(config.target_path,
+                            replace(config.target_params, exact=config.exact, n_seq=config.n_seq))
+        draft: LlamaModel | None = None
+        try:
+            if config.draft_path is not None and config.spec.uses_draft_model:
+                draft = LlamaModel(config.draft_path,
+                                   replace(config.draft_params or config.target_params, n_seq=config.n_seq))
+        except BaseException:
+            target.close()
+            raise
+        return target, draft
+
+    @property
+    def n_seq(self) -> int:
+        return self.target.n_seq
 
     def close(self) -> None:
         for m in (self.target, self.draft):
@@ -92,6 +115,7 @@ class Engine:
                 model.reset()
         if forget_learning:
             self._controller = None
+            self._ngram = None
 
     # ---- prompts -------------------------------------------------------------------------
     def chat_tokens(self, messages: Sequence[Message]) -> list[int]:
@@ -130,17 +154,36 @@ class Engine:
             self._controller = self._new_controller(mode, learn_timing=True)
         return self._controller
 
-    def decoder(self, sampling: SamplingConfig, mode: str | None = None, *, record_margins: bool = False) -> SpeculativeDecoder:
+    def decoder(self, sampling: SamplingConfig, mode: str | None = None, *, record_margins: bool = False,
+                seq: int | None = None) -> SpeculativeDecoder:
+        """A decoder for sequence 0 that keeps the session's learning (chat, prompt, bench), or, with
+        `seq`, one for that sequence that starts afresh (a server request: nothing leaks between
+        requests but the KV prefix it may reuse)."""
         spec = self.spec if mode is None else replace(self.spec, mode=mode)
+
+        def kv(model):  # a model is its own sequence 0
+            return model if seq is None else model.seq(seq)
+
         drafter = None
         if self.draft is not None and spec.mode in ("draft", "combined", "auto"):
-            drafter = ModelDrafter(self.draft, sampling, p_min=spec.draft_p_min, n_vocab_target=self.target.n_vocab)
-        ngram = NgramDrafter(spec.ngram_min, spec.ngram_max) if spec.mode in ("ngram", "combined", "auto") else None
+            drafter = ModelDrafter(kv(self.draft), sampling, p_min=spec.draft_p_min, n_vocab_target=self.target.n_vocab)
+        ngram = None
+        if spec.mode in ("ngram", "combined", "auto"):
+            if seq is None and spec.mode == self.spec.mode:
+                if self._ngram is None:
+                    self._ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
+                ngram = self._ngram
+            else:
+                ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
         if spec.mode in ("draft",) and drafter is None:
             raise InputError("--spec draft needs a draft model: pass -md/--model-draft or --pair")
         settings = SpecSettings(mode=spec.mode, draft_min=spec.draft_min, draft_max=max(self.draft_max, spec.draft_min))
-        ctl = self.last_controller = self.controller(sampling, spec.mode)
-        return SpeculativeDecoder(self.target, sampling, ctl, settings, ngram=ngram, drafter=drafter,
+        if seq is None:
+            ctl = self.last_controller = self.controller(sampling, spec.mode)
+        else:
+            seeded = not sampling.greedy and sampling.seed is not None
+            ctl = self._new_controller(spec.mode, learn_timing=not seeded)
+        return SpeculativeDecoder(kv(self.target), sampling, ctl, settings, ngram=ngram, drafter=drafter,
                                   record_margins=record_margins)
 
     def stream(

@@ -142,6 +142,59 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
     return hold
 
 
+class TextStream:
+    """Token events in, text chunks out, pushed one event at a time (a batch scheduler feeds many);
+    `stream` below is the same over an iterator. Holds back text that could still begin a stop
+    string, and the bytes of a character not yet complete."""
+
+    def __init__(self, token_bytes: Callable[[int], bytes], stop: Sequence[str] = ()):
+        self.token_bytes = token_bytes
+        self.stops = [s for s in stop if s]
+        self.utf8 = _Utf8()
+        self.text = ""  # everything emitted so far
+        self.pending = ""  # decoded but held back (possible stop-string prefix)
+        self.pending_src: list[str] = []
+        self.tokens: list[int] = []
+        self.stopped = False  # a stop string was found: the generation should end
+
+    def feed(self, ev: TokenEvent) -> Chunk | None:
+        self.tokens.append(ev.token)
+        self.pending += self.utf8.feed(self.token_bytes(ev.token))
+        self.pending_src.append(ev.source)
+        stops = self.stops
+        hit = min((i for i in (self.pending.find(s) for s in stops) if i >= 0), default=-1)
+        if hit >= 0:
+            self.pending = self.pending[:hit]
+            self.stopped = True
+            return None
+        keep = _held_back(self.pending, stops)
+        out, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep :]
+        if not out:
+            return None
+        self.text += out
+        chunk = Chunk(out, tuple(self.pending_src))
+        self.pending_src = []
+        return chunk
+
+    def finish(self, loop: LoopStats, mode: str, finish: str | None) -> list[Chunk | Final]:
+        """The held-back text (when the answer ended by itself) and the Final."""
+        if self.stopped:
+            finish = "stop"
+        if finish is None:
+            finish = loop.finish_reason or "stop"
+            if finish != "length":
+                # cut by max_tokens, a character whose bytes are not all there is dropped
+                # rather than shown as U+FFFD
+                self.pending += self.utf8.flush()
+        out: list[Chunk | Final] = []
+        if self.pending:
+            self.text += self.pending
+            out.append(Chunk(self.pending, tuple(self.pending_src)))
+            self.pending = ""
+        out.append(Final(self.text, finish, summarize(loop, mode, len(self.tokens), finish), tuple(self.tokens)))
+        return out
+
+
 def stream(
     events: Iterable[TokenEvent],
     token_bytes: Callable[[int], bytes],
@@ -151,44 +204,23 @@ def stream(
     stop: Sequence[str] = (),
 ) -> Iterator[Chunk | Final]:
     """Text chunks as tokens are accepted, then one Final. Closing the stream stops generation."""
-    stops = [s for s in stop if s]
-    utf8 = _Utf8()
-    text = ""  # everything emitted so far
-    pending = ""  # decoded but held back (possible stop-string prefix)
-    pending_src: list[str] = []
-    tokens: list[int] = []
+    text = TextStream(token_bytes, stop)
     finish = None
     it = iter(events)
     try:
         for ev in it:
-            tokens.append(ev.token)
-            pending += utf8.feed(token_bytes(ev.token))
-            pending_src.append(ev.source)
-            hit = min((i for i in (pending.find(s) for s in stops) if i >= 0), default=-1)
-            if hit >= 0:
-                pending = pending[:hit]
-                finish = "stop"
+            chunk = text.feed(ev)
+            if text.stopped:
                 break
-            keep = _held_back(pending, stops)
-            out, pending = pending[: len(pending) - keep], pending[len(pending) - keep :]
-            if out:
-                text += out
-                yield Chunk(out, tuple(pending_src))
-                pending_src = []
+            if chunk is not None:
+                yield chunk
     except KeyboardInterrupt:
         finish = "interrupted"
     finally:
         close = getattr(it, "close", None)
         if close:
             close()  # lets the decoder settle its KV caches
-    loop = stats()
-    if finish is None:
-        finish = loop.finish_reason or "stop"
-        pending += utf8.flush()
-    if pending:
-        text += pending
-        yield Chunk(pending, tuple(pending_src))
-    yield Final(text, finish, summarize(loop, mode, len(tokens), finish), tuple(tokens))
+    yield from text.finish(stats(), mode, finish)
 
 
 def complete(chunks: Iterable[Chunk | Final]) -> Final:

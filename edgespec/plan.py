@@ -219,6 +219,7 @@ class Plan:
     n_ubatch: int = DEFAULT_UBATCH
     devices: tuple[DeviceUse, ...] = ()
     warnings: tuple[str, ...] = ()
+    n_seq: int = 1  # sequences served at once, each with n_ctx tokens of KV (counted in the placements)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -405,6 +406,7 @@ class _Request:
     n_ubatch: int
     ngl_target: int | None
     ngl_draft: int | None
+    n_seq: int = 1  # sequences served at once (serve --parallel): each holds n_ctx tokens of KV
 
     @property
     def fastest(self) -> int | None:
@@ -443,7 +445,7 @@ class _Request:
         fit, kv = self._fit(self.target, n_ctx, type_k, type_v, None, local, budget)
         if not any(remote) or fit.k == self.target.n_layers + 1:
             return fit, kv, local
-        kv_layer = kv_layer_bytes(self.target, n_ctx, type_k, type_v)
+        kv_layer = kv_layer_bytes(self.target, n_ctx * self.n_seq, type_k, type_v)
         units, compute = _units(self.target, kv_layer), compute_bytes(self.target, self.n_ubatch)
         away = [b if r else 0 for b, r in zip(room, remote)]
         if not any(away):
@@ -461,7 +463,7 @@ class _Request:
 
     def _fit(self, shape: ModelShape, n_ctx: int, type_k: str, type_v: str, ngl: int | None,
              fractions: tuple[float, ...], budget: Sequence[int]) -> tuple[_Fit, int]:
-        kv_layer = kv_layer_bytes(shape, n_ctx, type_k, type_v)
+        kv_layer = kv_layer_bytes(shape, n_ctx * self.n_seq, type_k, type_v)
         units = _units(shape, kv_layer)
         compute = compute_bytes(shape, self.n_ubatch)
         if ngl is not None and any(fractions):
@@ -516,7 +518,7 @@ def make_plan(hw: HardwareInfo, target: ModelShape, draft: ModelShape | None = N
               n_gpu_layers: int | None = None, n_gpu_layers_draft: int | None = None,
               threads: int | None = None, threads_draft: int | None = None,
               n_batch: int = DEFAULT_BATCH, n_ubatch: int = DEFAULT_UBATCH,
-              gpu_memory: int | None = None) -> Plan:
+              gpu_memory: int | None = None, n_seq: int = 1) -> Plan:
     """Place target (and draft) on hw. n_ctx=None lets the planner pick (and shrink) the
     context; n_gpu_layers* = -1 means all layers; gpu_memory (bytes) caps what the plan puts
     on each local GPU. Raises PlanError when the pair cannot fit."""
@@ -529,7 +531,7 @@ def make_plan(hw: HardwareInfo, target: ModelShape, draft: ModelShape | None = N
     if not budget.gpus and (ngl_t or ngl_d):
         warnings.append("GPU layer counts ignored: this machine/build has no GPU offload")
         ngl_t = ngl_d = None
-    request = _Request(budget, target, draft, type_k, type_v, n_ubatch, ngl_t, ngl_d)
+    request = _Request(budget, target, draft, type_k, type_v, n_ubatch, ngl_t, ngl_d, n_seq)
 
     contexts = [n_ctx] if n_ctx is not None else _auto_contexts(target)
     best = max((request.place(c) for c in contexts), key=_preference)
@@ -633,7 +635,8 @@ def _refusal(request: _Request, best: _Joint, fixed_ctx: bool) -> str:
     where = f"{_gib(budget.ram)} of RAM" + (
         f" and {_gib(local)} of GPU memory" if local and not budget.unified else ""
     ) + (f" and {_gib(away)} on RPC servers" if away else "")
-    head = f"{pair} ~{_gib(best.need)} at context {best.n_ctx} but only {where} is usable"
+    slots = f" x {request.n_seq} parallel sequences" if request.n_seq > 1 else ""
+    head = f"{pair} ~{_gib(best.need)} at context {best.n_ctx}{slots} but only {where} is usable"
     return f"{head}; try {' or '.join(_alternatives(request, best, fixed_ctx))}"
 
 
@@ -653,6 +656,8 @@ def _alternatives(request: _Request, best: _Joint, fixed_ctx: bool) -> list[str]
             break
     if request.draft is not None and request.place(best.n_ctx, with_draft=False).feasible:
         options.append(f"running {request.target.name} without the draft model")
+    if request.n_seq > 1:
+        options.append("fewer parallel sequences (--parallel)")
     options.append(_smaller_quant(request.target, best, _usable(request.budget)))
     return options
 
@@ -701,7 +706,7 @@ def _assemble(hw: HardwareInfo, request: _Request, best: _Joint, n_batch: int,
     return Plan(
         target=target_p, draft=draft_p, n_ctx=best.n_ctx, type_k=request.type_k,
         type_v=request.type_v, n_batch=n_batch, n_ubatch=request.n_ubatch,
-        devices=_device_uses(hw, budget, best), warnings=tuple(warnings),
+        devices=_device_uses(hw, budget, best), warnings=tuple(warnings), n_seq=request.n_seq,
     )
 
 

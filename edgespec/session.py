@@ -86,6 +86,7 @@ def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: Hard
         threads=load.threads,
         threads_draft=load.threads_draft,
         gpu_memory=load.gpu_memory,
+        n_seq=load.n_seq,
     )
     saved = profile_store.load_profile(hw, profile_key(target_path), profile_key(draft_path) if draft_path else None)
     if saved is None and draft_path is not None:
@@ -130,5 +131,6 @@ def open_engine(resolved: Resolved, spec: SpecConfig, *, exact: bool = False) ->
         spec=spec,
         cost=resolved.cost,
         exact=exact,
+        n_seq=plan.n_seq,
     )
     return Engine(config)

@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .controller import Controller
+from .controller import Controller, Load
 from .drafters import EMPTY, Draft, Model, ModelDrafter, NgramDrafter, common_prefix_len, sync_kv
 from .errors import ContextError
 from .sampling import SamplingConfig, sample, warp
@@ -111,7 +111,11 @@ class SpecSettings:
 
 
 class SpeculativeDecoder:
-    """One generation at a time over a target (and optional drafters), yielding TokenEvents."""
+    """One sequence's generation over a target (and optional drafters).
+
+    `generate` runs it alone, yielding TokenEvents. A batch scheduler runs the same steps for many
+    sequences at once: `start`, prefill chunks (`prefill_chunk`/`prefilled`), then per round
+    `plan` (the rows to verify) and `apply` (their logits -> emitted tokens), and `close`."""
 
     def __init__(
         self,
@@ -136,12 +140,35 @@ class SpeculativeDecoder:
         self._probe_gap = settings.probe_every
         self._rounds_off = 0
         self._shadow: tuple[Draft, int] | None = None
+        self._ctx: list[int] = []
+        self._todo: list[int] = []
+        self._pending: Draft | None = None
+        self._load: Load | None = None
+        self._expected = 1.0
         # A backend whose logits are batch-invariant only up to some batch size says so.
         limit = getattr(target, "max_exact_batch", None)
         self._max_draft = settings.draft_max if limit is None else min(settings.draft_max, limit - 1)
 
-    # ---- public --------------------------------------------------------------------------
+    # ---- one sequence, start to end -------------------------------------------------------
     def generate(self, prompt: Sequence[int], max_tokens: int) -> Iterator[TokenEvent]:
+        """Decode alone: the same steps a batch scheduler runs for many sequences, with one."""
+        self.start(prompt, max_tokens)
+        try:
+            if self.prefill_left:
+                todo = self._todo
+                self.target.decode(todo)
+                self.prefilled(len(todo))
+            while not self.done:
+                batch = self.plan()
+                t0 = time.perf_counter()
+                logits = self.target.decode(batch, range(len(batch)))
+                yield from self.apply(logits, time.perf_counter() - t0, len(batch))
+        finally:
+            self.close()
+
+    # ---- the steps, for a scheduler ------------------------------------------------------
+    def start(self, prompt: Sequence[int], max_tokens: int) -> None:
+        """Begin a generation: what the target's cache lacks of the prompt is left to prefill."""
         if not prompt:
             raise ContextError("empty prompt: nothing to continue from")
         if len(prompt) >= self.target.n_ctx:
@@ -150,75 +177,122 @@ class SpeculativeDecoder:
                 "use a larger --ctx-size or a shorter prompt"
             )
         self.stats = st = LoopStats(start=time.perf_counter())
-        ctx = list(prompt)
-        emitted = 0
-        try:
-            self._prefill(ctx)
-            round_no = 0
-            while True:
-                if emitted >= max_tokens:
-                    st.finish_reason = "length"
-                    return
-                room = self.target.n_ctx - len(self.target.tokens) - 1
-                if room < 0:
-                    st.finish_reason = "length"
-                    return
-                k_cap = min(room, max_tokens - emitted - 1, self._max_draft)
-                new, sources = self._round(ctx, k_cap)
-                assert new, "every round emits at least one token"
-                for i, (tok, src) in enumerate(zip(new, sources)):
-                    if self.target.is_eog(tok):
-                        st.finish_reason = "stop"
-                        # drafts at or after the end of the answer were not part of it
-                        st.rounds[-1].accepted = min(st.rounds[-1].accepted, i)
-                        return
-                    ctx.append(tok)
-                    emitted += 1
-                    st.token_times.append(time.perf_counter())
-                    st.sources.append(src)
-                    yield TokenEvent(tok, src, round_no)
-                    if emitted >= max_tokens:
-                        break
-                round_no += 1
-        finally:
-            self._settle(ctx)
+        self._ctx = list(prompt)
+        self._max_tokens = max_tokens
+        self._emitted = 0
+        self._round_no = 0
+        self._pending: Draft | None = None
+        self._draft_s = 0.0
+        self._todo = sync_kv(self.target, self._ctx[:-1])  # the last token goes with the first verify
+        st.prompt_tokens = len(self._ctx)
+        st.prompt_cached = len(self._ctx) - 1 - len(self._todo)
+        if not self._todo:
+            st.prompt_s = time.perf_counter() - st.start
+            self._check_end()
 
-    # ---- steps ---------------------------------------------------------------------------
-    def _prefill(self, ctx: list[int]) -> None:
-        st = self.stats
-        t0 = time.perf_counter()
-        todo = sync_kv(self.target, ctx[:-1])
-        st.prompt_tokens = len(ctx)
-        st.prompt_cached = len(ctx) - 1 - len(todo)
-        if todo:
-            self.target.decode(todo)
-        st.prompt_s = time.perf_counter() - t0
+    @property
+    def prefill_left(self) -> int:
+        return len(self._todo)
 
-    def _round(self, ctx: list[int], k_cap: int) -> tuple[list[int], list[str]]:
+    def prefill_chunk(self, n: int) -> list[int]:
+        """The next n prompt tokens to decode (the caller decodes them, then calls prefilled)."""
+        return self._todo[:n]
+
+    def prefilled(self, n: int) -> None:
+        del self._todo[:n]
+        if not self._todo:
+            self.stats.prompt_s = time.perf_counter() - self.stats.start
+            self._check_end()
+
+    @property
+    def done(self) -> bool:
+        return self.stats.finish_reason is not None
+
+    @property
+    def context(self) -> list[int]:
+        return self._ctx
+
+    def plan(self, *, k_limit: int | None = None, load: Load | None = None) -> list[int]:
+        """Draft for the next round; return the rows to verify: the last token, then the drafts.
+
+        `k_limit` caps the draft (a batch's row budget); `load` is what the rest of the batch
+        already holds, so the draft length is chosen for the whole batch's throughput."""
+        assert not self.done and not self._todo, "plan() after the prompt is in and before the end"
+        ctx = self._ctx
+        room = self.target.n_ctx - len(self.target.tokens) - 1
+        k_cap = min(room, self._max_tokens - self._emitted - 1, self._max_draft)
+        if k_limit is not None:
+            k_cap = min(k_cap, k_limit)
         self._check_shadow(ctx)
         t0 = time.perf_counter()
+        self._load = load
         draft = self._draft(ctx, k_cap) if k_cap > 0 else EMPTY
-        t1 = time.perf_counter()
-        batch = [ctx[-1], *draft.tokens]
-        base = len(self.target.tokens)
-        logits = self.target.decode(batch, range(len(batch)))
+        self._draft_s = time.perf_counter() - t0
+        self._pending = draft
+        self._base = len(self.target.tokens)
+        return [ctx[-1], *draft.tokens]
+
+    def apply(self, logits: np.ndarray, verify_s: float, batch_rows: int) -> list[TokenEvent]:
+        """Verify the planned round against its logits rows; return the tokens it emits.
+
+        `verify_s` and `batch_rows`: how long the batch that held these rows took, and how many
+        rows it had in all (other sequences' included): what the controller learns timing from."""
+        draft, self._pending = self._pending, None
+        assert draft is not None, "apply() follows plan()"
         assert logits.shape[0] == len(draft.tokens) + 1, "one logits row per drafted token, plus one"
-        n_acc, nxt = self._verify(ctx, draft, logits)
-        t2 = time.perf_counter()
+        n_acc, nxt = self._verify(self._ctx, draft, logits)
         if self.record_margins:
             self.stats.margins.extend(top2_margin(logits[i]) for i in range(n_acc + 1))
-        self.target.trim(base + 1 + n_acc)
+        self.target.trim(self._base + 1 + n_acc)
         if draft.tokens:
             drafted = len(draft.tokens)
             if draft.confidence is not None and n_acc < drafted and draft.confidence[n_acc] < 1.0:
                 drafted = n_acc  # rejected at a guessed edit: the drafter's own record of that edit learns from it, not the state
             self.controller.observe(draft.key, drafted, n_acc, prior=draft.prior)
             if draft.source == "draft":
-                self.controller.observe_draft(len(draft.tokens), t1 - t0)
-        self.controller.observe_verify(len(batch), t2 - t1)
-        self.stats.rounds.append(RoundLog(len(draft.tokens), len(draft.tokens), n_acc, draft.source, t1 - t0, t2 - t1))
-        tokens = [*draft.tokens[:n_acc], nxt]
-        return tokens, [draft.source] * n_acc + ["target"]
+                self.controller.observe_draft(len(draft.tokens), self._draft_s)
+        self.controller.observe_verify(batch_rows, verify_s)
+        self.stats.rounds.append(RoundLog(len(draft.tokens), len(draft.tokens), n_acc, draft.source,
+                                          self._draft_s, verify_s))
+        new = [*draft.tokens[:n_acc], nxt]
+        sources = [draft.source] * n_acc + ["target"]
+        st = self.stats
+        out: list[TokenEvent] = []
+        for i, (tok, src) in enumerate(zip(new, sources)):
+            if self.target.is_eog(tok):
+                st.finish_reason = "stop"
+                # drafts at or after the end of the answer were not part of it
+                st.rounds[-1].accepted = min(st.rounds[-1].accepted, i)
+                return out
+            self._ctx.append(tok)
+            self._emitted += 1
+            st.token_times.append(time.perf_counter())
+            st.sources.append(src)
+            out.append(TokenEvent(tok, src, self._round_no))
+            if self._emitted >= self._max_tokens:
+                break
+        self._round_no += 1
+        self._check_end()
+        return out
+
+    def close(self) -> None:
+        """End the generation (finished or not): each cache keeps a prefix of what was emitted."""
+        self._pending = None
+        self._settle(self._ctx)
+
+    @property
+    def planned(self) -> Draft:
+        """The draft of the round planned and not yet applied (EMPTY when none)."""
+        return self._pending or EMPTY
+
+    @property
+    def expected_tokens(self) -> float:
+        """What the planned round is expected to emit (the controller's estimate)."""
+        return self._expected
+
+    def _check_end(self) -> None:
+        if self._emitted >= self._max_tokens or self.target.n_ctx - len(self.target.tokens) - 1 < 0:
+            self.stats.finish_reason = "length"
 
     def _verify(self, ctx: list[int], draft: Draft, logits: np.ndarray) -> tuple[int, int]:
         if self.sampling.greedy:
@@ -233,22 +307,26 @@ class SpeculativeDecoder:
 
     def _draft(self, ctx: list[int], k_cap: int) -> Draft:
         mode = self.settings.mode
+        self._expected = 1.0
         if mode == "off":
             return EMPTY
         c = self.controller
+        load = self._load
         candidate = EMPTY
         if self.ngram is not None and mode in ("ngram", "combined", "auto"):
             proposal = self.ngram.propose(ctx, min(k_cap, c.k_max))
             if proposal.tokens:
-                k = c.choose(proposal.key, 0.0, len(proposal.tokens), prior=proposal.prior,
-                             confidence=proposal.confidence).k
-                if k == 0:
+                choice = c.choose(proposal.key, 0.0, len(proposal.tokens), prior=proposal.prior,
+                                  confidence=proposal.confidence, load=load)
+                if choice.k == 0:
                     self._start_shadow(ctx, proposal)
                 else:
-                    candidate = replace(proposal, tokens=proposal.tokens[:k])
+                    candidate = replace(proposal, tokens=proposal.tokens[: choice.k])
+                    self._expected = choice.expected_tokens
         if candidate.tokens or self.drafter is None or mode not in ("draft", "combined", "auto"):
             return candidate
-        choice = c.choose("draft", c.cost.draft_cost, k_cap)
+        choice = c.choose("draft", c.cost.draft_cost, k_cap, load=load)
+        self._expected = choice.expected_tokens
         k = choice.k
         if k == 0:
             k = self._probe_k(ctx, k_cap)

@@ -1,7 +1,10 @@
 """LlamaModel: one loaded GGUF with its own context, over llama-cpp-python's low-level API.
 
-The speculative core sees only `decode`, `trim`, `tokens`, `n_vocab`, `n_ctx` and `is_eog`;
-everything ctypes stays in this file.
+A context holds `n_seq` sequences, each with its own KV stream (attention never mixes them) and
+its own `n_ctx`-token budget. `model.seq(i)` is sequence i as the speculative core sees a model
+(`decode`, `trim`, `tokens`, `n_vocab`, `n_ctx`, `is_eog`); the model itself acts as sequence 0.
+`decode_parts` puts the rows of several sequences into one `llama_decode`.
+Everything ctypes stays in this file.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ _verbose = False
 # verifies at most EXACT_MAX_BATCH rows at once (below the tiled threshold), and needs a build
 # with -DGGML_LLAMAFILE=OFF (scripts/setup does that). --fast-kernels trades exactness for speed.
 EXACT_MAX_BATCH = 7
+MAX_SEQ = 256  # LLAMA_MAX_SEQ: llama.cpp's own limit on sequences in one context
 
 
 _native_backtraces = False
@@ -135,6 +139,7 @@ class LoadParams:
     n_batch: int = 512
     use_mmap: bool = True
     exact: bool = False  # batch-invariant logits (see EXACT_MAX_BATCH): for the target
+    n_seq: int = 1  # sequences in the context, each with n_ctx tokens of its own KV stream
 
     @property
     def fast(self) -> bool:
@@ -143,6 +148,8 @@ class LoadParams:
     def __post_init__(self):
         if self.n_ctx < 16:
             raise BackendError(f"context size {self.n_ctx} is too small (at least 16)")
+        if not 1 <= self.n_seq <= MAX_SEQ:
+            raise BackendError(f"sequences per context must be in 1..{MAX_SEQ} (got {self.n_seq})")
         for name in ("type_k", "type_v"):
             if getattr(self, name) not in KV_TYPES:
                 raise BackendError(
@@ -159,8 +166,83 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+class KVSeq:
+    """One sequence of a model's context: its KV cache, mirrored in `self.tokens`."""
+
+    def __init__(self, model: "LlamaModel", seq_id: int):
+        self.model = model
+        self.seq_id = seq_id
+        self.tokens: list[int] = []
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    @property
+    def max_exact_batch(self) -> int | None:
+        return self.model.max_exact_batch
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def is_eog(self, token: int) -> bool:
+        return self.model.is_eog(token)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.model.token_bytes(token)
+
+    def decode(self, tokens: Sequence[int], logits_for: Sequence[int] = ()) -> np.ndarray:
+        """Append `tokens` to this sequence; return float32 logits rows for the given indices.
+
+        The rows are a view into llama.cpp's buffer: valid until the next decode on this model.
+        A batch longer than n_batch is decoded in chunks (rows only from the last one).
+        """
+        if not tokens:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        step = self.model.params.n_batch
+        want = list(logits_for)
+        last = ((len(tokens) - 1) // step) * step
+        if any(i < last for i in want):
+            raise BackendError("logits requested for a token outside the last decoded chunk")
+        for start in range(0, last, step):
+            self.model.decode_parts([(self, tokens[start : start + step], ())])
+        return self.model.decode_parts([(self, tokens[last:], [i - last for i in want])])[0]
+
+    def trim(self, n: int) -> None:
+        """Drop KV cells from position n on."""
+        if n >= self.n_past:
+            return
+        m = self.model
+        if not m._lc.llama_memory_seq_rm(m._mem, self.seq_id, n, -1):
+            # Some caches (recurrent models) cannot drop a suffix: clear the sequence and replay.
+            m._lc.llama_memory_seq_rm(m._mem, self.seq_id, -1, -1)
+            kept = self.tokens[:n]
+            self.tokens = []
+            self.decode(kept)
+            return
+        del self.tokens[n:]
+
+    def reset(self) -> None:
+        m = self.model
+        m._lc.llama_memory_seq_rm(m._mem, self.seq_id, -1, -1)
+        self.tokens = []
+
+    def _resync(self, known: list[int]) -> None:
+        m = self.model
+        held = int(m._lc.llama_memory_seq_pos_max(m._mem, self.seq_id)) + 1
+        if held > len(known):  # cannot happen unless another writer touched the cache
+            m._lc.llama_memory_seq_rm(m._mem, self.seq_id, len(known), -1)
+            held = len(known)
+        self.tokens = known[:held]
+
+
 class LlamaModel:
-    """A model plus one sequence of KV cache whose contents are mirrored in `self.tokens`."""
+    """A model plus a context of `n_seq` sequences; the model itself is sequence 0."""
 
     def __init__(self, path: str | Path, params: LoadParams = LoadParams()):
         self.path = Path(path)
@@ -172,7 +254,7 @@ class LlamaModel:
         self._batch = None
         self._load_model(lc)
         self._create_context(lc)
-        self.tokens: list[int] = []
+        self._seqs = [KVSeq(self, i) for i in range(params.n_seq)]
         self._piece_cache: dict[int, bytes] = {}
 
     # ---- loading -------------------------------------------------------------------------
@@ -211,7 +293,11 @@ class LlamaModel:
     def _create_context(self, lc) -> None:
         p = self.params
         cp = lc.llama_context_default_params()
-        cp.n_ctx = p.n_ctx
+        # One KV stream per sequence (kv_unified off): a sequence's attention reads only its own
+        # cells, so what it computes does not depend on the other sequences in the batch.
+        cp.n_ctx = p.n_ctx * p.n_seq
+        cp.n_seq_max = p.n_seq
+        cp.kv_unified = False
         cp.n_batch = p.n_batch
         cp.n_ubatch = p.n_batch
         threads = p.n_threads or default_threads()
@@ -229,7 +315,7 @@ class LlamaModel:
                 "(out of memory?); try a smaller --ctx-size or -ctk q8_0"
             )
         self._ctx = ctx
-        self.n_ctx = int(lc.llama_n_ctx(ctx))
+        self.n_ctx = int(lc.llama_n_ctx_seq(ctx))
         self._mem = lc.llama_get_memory(ctx)
         self._batch = lc.llama_batch_init(p.n_batch, 0, 1)
         self._row_bytes = self.n_vocab * 4
@@ -301,70 +387,99 @@ class LlamaModel:
         raw = self._lc.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", errors="replace") if raw else None
 
-    # ---- decoding ------------------------------------------------------------------------
+    # ---- sequences and decoding ------------------------------------------------------
+    def seq(self, i: int) -> KVSeq:
+        return self._seqs[i]
+
+    @property
+    def n_seq(self) -> int:
+        return len(self._seqs)
+
+    @property
+    def n_batch(self) -> int:
+        return self.params.n_batch
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._seqs[0].tokens
+
     @property
     def n_past(self) -> int:
-        return len(self.tokens)
+        return self._seqs[0].n_past
 
     def decode(self, tokens: Sequence[int], logits_for: Sequence[int] = ()) -> np.ndarray:
-        """Append `tokens` to the KV cache; return float32 logits rows for the given indices.
+        return self._seqs[0].decode(tokens, logits_for)
 
-        The rows are a view into llama.cpp's buffer: valid until the next decode on this model.
-        """
-        if not tokens:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        if self.n_past + len(tokens) > self.n_ctx:
-            raise ContextError(
-                f"context full: {self.n_past} + {len(tokens)} tokens exceed the {self.n_ctx}-token "
-                "context; use a larger --ctx-size"
-            )
-        want = set(logits_for)
-        step = self.params.n_batch
-        base = self.n_past
+    def trim(self, n: int) -> None:
+        self._seqs[0].trim(n)
+
+    def reset(self) -> None:
+        """Empty every sequence's cache."""
+        self._lc.llama_memory_clear(self._mem, True)
+        for s in self._seqs:
+            s.tokens = []
+
+    def decode_parts(self, parts: Sequence[tuple[KVSeq, Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
+        """One llama_decode over several sequences: for each (seq, tokens, logits_for), append the
+        tokens to seq and return its logits rows (views valid until the next decode on this model).
+        All tokens together must fit one batch (n_batch)."""
+        parts = [(s, list(t), list(w) if t else []) for s, t, w in parts]
+        total = sum(len(t) for _, t, _ in parts)
+        if total > self.params.n_batch:
+            raise BackendError(f"{total} tokens in one decode exceed the batch size {self.params.n_batch}")
+        for s, t, _ in parts:
+            if s.model is not self:
+                raise BackendError("a sequence of another model in this decode")
+            if s.n_past + len(t) > self.n_ctx:
+                raise ContextError(
+                    f"context full: {s.n_past} + {len(t)} tokens exceed the {self.n_ctx}-token "
+                    "context; use a larger --ctx-size"
+                )
+        if not total:
+            return [self._rows([]) for _ in parts]
+        b = self._batch
+        n = 0
+        offsets = []
+        for s, t, want in parts:
+            offsets.append(n)
+            pos0 = s.n_past
+            rows = set(want)
+            for i, tok in enumerate(t):
+                b.token[n] = tok
+                b.pos[n] = pos0 + i
+                b.n_seq_id[n] = 1
+                b.seq_id[n][0] = s.seq_id
+                b.logits[n] = i in rows
+                n += 1
+        b.n_tokens = n
+        before = [list(s.tokens) for s, _, _ in parts]
         try:
-            for start in range(0, len(tokens), step):
-                chunk = tokens[start : start + step]
-                self._decode_chunk(chunk, [start + i in want for i in range(len(chunk))])
-                self.tokens.extend(chunk)
+            rc = self._lc.llama_decode(self._ctx, b)
+            if rc == 1:
+                raise ContextError(f"no room left in the {self.n_ctx}-token KV cache; use a larger --ctx-size")
+            if rc != 0:
+                raise BackendError(f"llama_decode failed with code {rc}")
+            for s, t, _ in parts:
+                s.tokens.extend(t)
         except BaseException:
             # Ctrl-C can land between llama_decode returning and the bookkeeping above:
-            # ask llama.cpp what the cache really holds so the mirror never lies.
-            self._resync(self.tokens[:base] + list(tokens))
+            # ask llama.cpp what each cache really holds so the mirrors never lie.
+            for (s, t, _), known in zip(parts, before):
+                s._resync(known + t)
             raise
-        if not want:
+        if not any(want for _, _, want in parts):
             # GPU and RPC backends return from llama_decode before the work is done; reading
             # logits waits for it, a prefill reads none: wait here so its timing is honest.
             self._lc.llama_synchronize(self._ctx)
-        return self._rows([i for i in logits_for], len(tokens))
+        return [self._rows([off + i for i in want]) for off, (_, _, want) in zip(offsets, parts)]
 
-    def _decode_chunk(self, chunk: Sequence[int], outputs: list[bool]) -> None:
-        b = self._batch
-        pos0 = self.n_past
-        for i, tok in enumerate(chunk):
-            b.token[i] = tok
-            b.pos[i] = pos0 + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = outputs[i]
-        b.n_tokens = len(chunk)
-        rc = self._lc.llama_decode(self._ctx, b)
-        if rc == 1:
-            raise ContextError(f"no room left in the {self.n_ctx}-token KV cache; use a larger --ctx-size")
-        if rc != 0:
-            raise BackendError(f"llama_decode failed with code {rc}")
-
-    def _rows(self, indices: list[int], n_batch_tokens: int) -> np.ndarray:
+    def _rows(self, indices: list[int]) -> np.ndarray:
         if not indices:
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        # Logits are indexed relative to the last decoded chunk, as llama.cpp sees it.
-        step = self.params.n_batch
-        last_chunk_start = ((n_batch_tokens - 1) // step) * step
         lc, ctx = self._lc, self._ctx
         ptrs = []
         for i in indices:
-            if i < last_chunk_start:
-                raise BackendError("logits requested for a token outside the last decoded chunk")
-            p = lc.llama_get_logits_ith(ctx, i - last_chunk_start)
+            p = lc.llama_get_logits_ith(ctx, i)
             if not p:
                 raise BackendError(f"llama.cpp returned no logits for batch index {i}")
             ptrs.append(ctypes.cast(p, ctypes.c_void_p).value)
@@ -375,27 +490,3 @@ class LlamaModel:
         return np.stack(
             [np.ctypeslib.as_array((ctypes.c_float * self.n_vocab).from_address(p)) for p in ptrs]
         )
-
-    def _resync(self, known: list[int]) -> None:
-        held = int(self._lc.llama_memory_seq_pos_max(self._mem, 0)) + 1
-        if held > len(known):  # cannot happen unless another writer touched the cache
-            self._lc.llama_memory_seq_rm(self._mem, 0, len(known), -1)
-            held = len(known)
-        self.tokens = known[:held]
-
-    def trim(self, n: int) -> None:
-        """Drop KV cells from position n on."""
-        if n >= self.n_past:
-            return
-        if not self._lc.llama_memory_seq_rm(self._mem, 0, n, -1):
-            # Some caches (recurrent models) cannot drop a suffix: fall back to a full clear.
-            self._lc.llama_memory_clear(self._mem, True)
-            kept = self.tokens[:n]
-            self.tokens = []
-            self.decode(kept)
-            return
-        del self.tokens[n:]
-
-    def reset(self) -> None:
-        self._lc.llama_memory_clear(self._mem, True)
-        self.tokens = []

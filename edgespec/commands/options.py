@@ -83,6 +83,7 @@ def load_config(kw, spec: SpecConfig) -> LoadConfig:
         threads_draft=kw["threads_draft"], n_gpu_layers=kw["n_gpu_layers"], n_gpu_layers_draft=kw["n_gpu_layers_draft"],
         type_k=kw["cache_type_k"], type_v=kw["cache_type_v"], rpc=parse_rpc(kw["rpc"]),
         gpu_memory=parse_size_option(kw.get("gpu_memory"), "--gpu-memory"),
+        n_seq=kw.get("parallel") or 1,
     )
 
 

@@ -8,9 +8,14 @@ from pathlib import Path
 
 import click
 
-from ..errors import ConfigError
+from ..config import MAX_PARALLEL
+from ..errors import ConfigError, PlanError
 from .options import model_options, open_engine, sampling_config, sampling_options, spec_config
 from .root import CONTEXT, cli
+
+# Like llama-server's -np default: four users served together get most of what batching gives on
+# a CPU, and four sequences' KV fits beside a small model on most machines.
+DEFAULT_PARALLEL = 4
 
 
 def served_name(choice_target: str, target_path: Path) -> str:
@@ -20,6 +25,18 @@ def served_name(choice_target: str, target_path: Path) -> str:
     return choice_target
 
 
+def _open_slots(kw, spec, parallel: int | None):
+    """Load with --parallel sequences; by default DEFAULT_PARALLEL, or as many as fit in memory."""
+    n = parallel or DEFAULT_PARALLEL
+    while True:
+        try:
+            return open_engine({**kw, "parallel": n}, spec)
+        except PlanError:
+            if parallel or n == 1:
+                raise  # the one-line refusal names the memory, the sequences and what to try
+            n -= 1
+
+
 # ---- serve -------------------------------------------------------------------------------------
 @cli.command(context_settings=CONTEXT)
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="EDGESPEC_HOST",
@@ -27,21 +44,27 @@ def served_name(choice_target: str, target_path: Path) -> str:
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, envvar="EDGESPEC_PORT")
 @click.option("--api-key", envvar="EDGESPEC_API_KEY", help="Require `Authorization: Bearer KEY` (all routes but /health).")
 @click.option("--alias", help="Model name served in /v1/models and responses (default: the target's name).")
+@click.option("-np", "--parallel", type=click.IntRange(1, MAX_PARALLEL), default=None,
+              help=f"Requests generated at once, in shared batches (default: {DEFAULT_PARALLEL}, or as many as "
+                   "fit in memory with their KV cache).")
 @click.option("--queue", "max_queue", type=click.IntRange(0, 4096), default=8, show_default=True,
-              help="Requests that may wait while one generates; beyond that: 503 with Retry-After.")
+              help="Requests that may wait for a free slot; beyond that: 503 with Retry-After.")
+@click.option("--priority", "default_priority", type=int, default=0, show_default=True,
+              help="Priority of requests that set none (lower is served first; waiting improves it).")
 @click.option("--max-tokens-cap", type=click.IntRange(1), default=4096, show_default=True,
               help="Largest max_tokens a request may ask for (more: 400).")
 @click.option("--max-request-bytes", type=click.IntRange(1024), default=4 << 20, show_default=True,
               help="Largest request body (more: 413).")
 @model_options
 @sampling_options
-def serve(host, port, api_key, alias, max_queue, max_tokens_cap, max_request_bytes, **kw):
+def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max_tokens_cap, max_request_bytes, **kw):
     """Serve the models over an OpenAI-compatible API until Ctrl-C / SIGTERM.
 
     \b
-    POST /v1/chat/completions  POST /v1/completions  GET /v1/models  GET /health
+    POST /v1/chat/completions  POST /v1/completions  GET /v1/models  GET /health  GET /metrics
     Sampling options (-n, --temperature, --top-p, --seed, --stop ...) are the defaults for
-    requests that do not set them. One generation at a time; others wait (--queue).
+    requests that do not set them. Up to --parallel requests generate at once, their rows verified
+    in shared target batches; others wait by priority (--queue).
     \b
     edgespec serve                      # http://127.0.0.1:8080/v1
     OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=none python my_client.py
@@ -49,7 +72,7 @@ def serve(host, port, api_key, alias, max_queue, max_tokens_cap, max_request_byt
     from ..render import stderr_console
     from ..server.app import Settings, create_app
     from ..server.run import bind, is_loopback, serve as run_server
-    from ..server.worker import Worker
+    from ..server.scheduler import Scheduler
 
     spec, sampling = spec_config(kw), sampling_config(kw)
     if kw["max_tokens"] < 1:
@@ -64,19 +87,20 @@ def serve(host, port, api_key, alias, max_queue, max_tokens_cap, max_request_byt
         if not is_loopback(host):
             err.print(f"[yellow]warning:[/] serving on {host}: anyone who can reach port {port} can use these models"
                       + ("" if api_key else " (no --api-key set)"))
-        resolved, engine = open_engine(kw, spec)
+        resolved, engine = _open_slots(kw, spec, parallel)
     except BaseException:
         sock.close()
         raise
-    worker = Worker(engine, max_queue)
+    worker = Scheduler(engine, max_queue)
     settings = Settings(
         model_id=alias or served_name(resolved.choice.target, resolved.target_path),
         sampling=sampling, max_tokens=kw["max_tokens"], max_tokens_cap=max_tokens_cap,
-        max_request_bytes=max_request_bytes, stop=tuple(kw["stop"]), api_key=api_key,
+        max_request_bytes=max_request_bytes, stop=tuple(kw["stop"]), api_key=api_key, priority=default_priority,
     )
     shown = f"[{host}]" if ":" in host else host
     draft = f" + {resolved.draft_path.stem}" if engine.draft is not None else ""
-    err.print(f"edgespec serve: [bold]http://{shown}:{port}/v1[/]  model {settings.model_id}{draft}, spec {spec.mode}"
+    err.print(f"edgespec serve: [bold]http://{shown}:{port}/v1[/]  model {settings.model_id}{draft}, spec {spec.mode}, "
+              f"{engine.n_seq} parallel"
               f"{', API key required' if api_key else ''}  (Ctrl-C stops)")
     run_server(create_app(worker, settings), sock, worker.shutdown)
     worker.shutdown()

@@ -1,7 +1,8 @@
-"""The HTTP routes (Starlette): OpenAI's chat and text completions, model list, health.
+"""The HTTP routes (Starlette): OpenAI's chat and text completions, model list, health, metrics.
 
-Handlers validate a request, turn it into a `Job` for the worker thread and relay its events:
-one JSON object, or Server-Sent Events as OpenAI streams them (`data: {chunk}` ... `data: [DONE]`).
+Handlers validate a request, turn it into a `Job` for the scheduler's engine thread and relay its
+events: one JSON object, or Server-Sent Events as OpenAI streams them (`data: {chunk}` ...
+`data: [DONE]`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, replace
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import EdgespecError
@@ -22,7 +23,7 @@ from ..generate import Chunk, Final
 from ..sampling import SamplingConfig
 from ..template import Message
 from .schemas import ROLE_ALIASES, APIError, ChatRequest, CompletionRequest, Shape, error_body, parse, sse
-from .worker import Failed, Job, QueueFull, Stopping, Worker
+from .scheduler import Failed, Job, QueueFull, Scheduler, Stopping
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Settings:
     stop: tuple[str, ...] = ()
     api_key: str | None = None
     retry_after_s: int = 2
+    priority: int = 0  # when a request sets none (lower is served first)
 
 
 def _api_error(failed: Failed) -> APIError:
@@ -86,7 +88,7 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
-def create_app(worker: Worker, settings: Settings) -> Starlette:
+def create_app(worker: Scheduler, settings: Settings) -> Starlette:
     def check_auth(request: Request) -> None:
         if settings.api_key is None:
             return
@@ -127,7 +129,8 @@ def create_app(worker: Worker, settings: Settings) -> Starlette:
             seed=base.seed if req.seed is None else (None if req.seed == -1 else req.seed),
         )
         stops = req.stops()
-        return Job(prepare, sampling, max_tokens, tuple(settings.stop if stops is None else stops))
+        priority = settings.priority if req.priority is None else req.priority
+        return Job(prepare, sampling, max_tokens, tuple(settings.stop if stops is None else stops), priority)
 
     async def respond(request: Request, job: Job, stream: bool, shape: Shape, include_usage: bool):
         try:
@@ -187,8 +190,12 @@ def create_app(worker: Worker, settings: Settings) -> Starlette:
     async def health(request: Request):
         if worker.stopping:
             return JSONResponse({"status": "stopping"}, status_code=503)
-        return JSONResponse({"status": "ok", "generating": worker.current is not None, "waiting": worker.waiting,
-                             "served": dict(worker.counts)})
+        return JSONResponse({"status": "ok", "generating": worker.busy > 0, "waiting": worker.waiting,
+                             "busy_slots": worker.busy, "slots": worker.n_slots, "served": dict(worker.counts)})
+
+    async def metrics(request: Request):
+        check_auth(request)
+        return Response(worker.metrics.render(), media_type=worker.metrics.content_type)
 
     async def on_api_error(request: Request, err: APIError):
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
@@ -201,7 +208,7 @@ def create_app(worker: Worker, settings: Settings) -> Starlette:
         body = error_body(f"internal error: {type(err).__name__}: {err}", type="server_error")
         return JSONResponse(body, status_code=500)
 
-    routes = [Route("/health", health, methods=["GET"])]
+    routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
     for prefix in ("/v1", ""):  # some clients are configured with the base URL without /v1
         routes += [
             Route(f"{prefix}/models", models, methods=["GET"]),

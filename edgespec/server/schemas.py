@@ -52,6 +52,7 @@ class _Request(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, le=1)  # one choice per request
+    priority: int | None = Field(None, ge=-(2**31), lt=2**31)  # lower is served first (as vLLM)
 
     def stops(self) -> list[str] | None:
         if self.stop is None:

@@ -221,6 +221,7 @@ class FakeEngine(Engine):
         self.draft = BenchModel(table_lm(lm_seed), n_ctx=512) if with_draft else None
         self.cost = CostModel()
         self._controller = None
+        self._ngram = None
         self._template = None
         self.controllers = []
 

@@ -150,9 +150,17 @@ def test_invalid_bytes_become_replacement_characters_not_a_stall():
     assert [c.text for c in chunks] == ["ok", "\ufffd", "go", "!"]
 
 
-def test_truncated_character_at_the_end_is_flushed():
+def test_a_character_cut_by_max_tokens_is_dropped_not_shown_as_a_replacement():
+    # the budget ran out inside a character: its first bytes are not text yet
     pieces = [b"ab", "中".encode()[:2]]
-    chunks, final = run(pieces)
+    chunks, final = run(pieces, finish="length")
+    assert final.text == "ab" == joined(chunks)
+
+
+def test_truncated_character_at_the_end_of_an_answer_is_flushed():
+    # the model itself ended inside a character: what it wrote is shown, as U+FFFD
+    pieces = [b"ab", "中".encode()[:2]]
+    chunks, final = run(pieces, finish="stop")
     assert final.text == "ab\ufffd" == joined(chunks)
 
 

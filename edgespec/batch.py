@@ -1,0 +1,125 @@
+"""Many sequences, one target pass per step: continuous batching with speculative drafts.
+
+Pure: no llama_cpp, no printing. Each active sequence is a `SpeculativeDecoder` bound to its own
+KV sequence of the same target. A step gives every sequence still reading its prompt a chunk of it
+and every decoding sequence its last token plus the drafts its controller chose, and runs them as
+one `decode_parts` call; then each sequence verifies its own rows. Draft lengths are chosen for the
+whole batch: a sequence planned later sees the rows and expected tokens of those planned before it
+(`controller.Load`), so drafts shrink as the batch fills and speculation turns off where batching
+already keeps the machine busy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .controller import Load
+from .speculative import SpeculativeDecoder, TokenEvent
+
+# Prompt tokens one step prefills, all sequences together. A step's time is every running
+# stream's inter-token latency, so a long prompt is read in chunks between decode rounds
+# instead of freezing the others for its whole prefill; a larger chunk reads prompts faster
+# but makes every other stream wait longer per token.
+PREFILL_CHUNK = 64
+
+
+class BatchModel(Protocol):
+    def decode_parts(self, parts: Sequence[tuple[object, Sequence[int], Sequence[int]]]) -> list[np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class StepResult:
+    events: dict[int, list[TokenEvent]]  # by member index: the tokens each emitted this step
+    rows: int  # rows in the target batch (verify rows and prefill tokens)
+    seconds: float
+
+
+class Batcher:
+    """Runs steps over a changing set of decoders that share one target model."""
+
+    def __init__(self, target: BatchModel, *, n_batch: int, max_exact_batch: int | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK):
+        self.target = target
+        self.n_batch = n_batch
+        # exact kernels: verify rows must stay below the batch size where kernels change, and
+        # prompt tokens never share a batch with verify rows (each prompt is read on its own)
+        self.max_rows = n_batch if max_exact_batch is None else min(n_batch, max_exact_batch)
+        self.exact = max_exact_batch is not None
+        self.prefill_chunk = max(1, min(prefill_chunk, n_batch))
+        self._turn = 0
+
+    def step(self, members: Sequence[SpeculativeDecoder]) -> StepResult:
+        """One target pass for all members (done ones are skipped; more than one pass only when
+        exact kernels cap the rows below the number of sequences). Returns what each emitted."""
+        t0 = time.perf_counter()
+        events: dict[int, list[TokenEvent]] = {}
+        decoding = [i for i, d in enumerate(members) if not d.done and not d.prefill_left]
+        parts = self._prefill(members, [i for i, d in enumerate(members) if not d.done and d.prefill_left],
+                              len(decoding))
+        total = 0
+        if decoding:
+            # whose drafts are planned first (and so see the emptiest batch) rotates every step
+            self._turn = (self._turn + 1) % len(decoding)
+            order = decoding[self._turn:] + decoding[: self._turn]
+            while order:
+                room = self.max_rows - sum(len(p[1]) for p in parts)
+                group, order = order[: max(1, room)], order[max(1, room):]
+                total += self._verify(members, group, parts, events)
+                parts = []
+        if parts:  # prompt chunks with nobody decoding
+            total += sum(len(p[1]) for p in parts)
+            self._decode(members, parts, events, 0.0)
+        return StepResult(events, total, time.perf_counter() - t0)
+
+    def _prefill(self, members, reading: list[int], n_decoding: int) -> list:
+        """Prompt chunks for this step: mixed into the verify batch, or (exact) decoded alone now,
+        one sequence at a time in whole chunks, so a prompt's chunks (and so its KV) are the same
+        whatever else runs."""
+        parts = []
+        budget = min(self.prefill_chunk, self.n_batch - n_decoding)
+        if self.exact:
+            reading = reading[:1]
+            budget = self.prefill_chunk
+        for i in reading:
+            chunk = members[i].prefill_chunk(budget) if budget > 0 else []
+            if not chunk:
+                break
+            budget -= len(chunk)
+            if self.exact:
+                self.target.decode_parts([(members[i].target, chunk, [])])
+                members[i].prefilled(len(chunk))
+            else:
+                parts.append((members[i].target, chunk, [], i))
+        return parts
+
+    def _verify(self, members, group: list[int], parts: list, events) -> int:
+        """Plan each sequence's round seeing what the batch holds (prompt chunks, the rounds planned
+        before it, one row for each sequence still to plan); decode them together; apply."""
+        load = Load(tuple(len(p[1]) for p in parts))
+        alone = len(group) == 1 and not parts
+        for n, i in enumerate(group):
+            d = members[i]
+            later = len(group) - n - 1  # each later sequence needs at least its one row
+            limit = max(0, self.max_rows - load.rows - later - 1)
+            ahead = Load((*load.seq_rows, *[1] * later), load.tokens + later, load.draft_cost)
+            batch = d.plan(k_limit=limit, load=None if alone else ahead)
+            parts.append((d.target, batch, list(range(len(batch))), i))
+            drafted = d.planned.source == "draft" and bool(d.planned.tokens)
+            load = load.plus(len(batch), d.expected_tokens,
+                             (len(batch) - 1) * d.controller.cost.draft_cost if drafted else 0.0)
+        self._decode(members, parts, events, time.perf_counter())
+        return load.rows
+
+    def _decode(self, members, parts: list, events, t1: float) -> None:
+        outs = self.target.decode_parts([(seq, toks, want) for seq, toks, want, _ in parts])
+        seconds = time.perf_counter() - t1 if t1 else 0.0
+        rows = sum(len(p[1]) for p in parts)
+        for (_, toks, want, i), logits in zip(parts, outs):
+            if not want:
+                members[i].prefilled(len(toks))
+            else:
+                events[i] = members[i].apply(logits, seconds, rows)

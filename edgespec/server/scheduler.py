@@ -1,0 +1,321 @@
+"""Many generations at once: one engine thread runs every admitted request in shared target batches.
+
+The Engine is not thread-safe (llama.cpp contexts, KV caches), so everything that touches it —
+tokenizing, prefilling, decoding, closing — runs on this one thread. Requests (`Job`s) wait in an
+admission queue ordered by priority (lower first, as vLLM) with aging, so a steady stream of urgent
+requests cannot starve an old one. A job is admitted to a free slot (one KV sequence of the
+engine): the slot whose cached prefix it shares most, so a continued chat or a re-edited file
+reuses its KV. Each step, `engine.batcher` gives every slot still reading its prompt a chunk of it
+and every decoding slot its round, all in one target pass; each slot's tokens go through its own
+`TextStream` (stop strings, UTF-8) to its job's asyncio queue (`Started`, `Chunk`s, then `Final` or
+`Failed`). A job cancelled while queued leaves the queue at once; one cancelled in a slot (client
+gone) or a shutdown ends at the next step, within one prompt chunk, its slot's KV kept as a prefix
+of what it emitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..errors import BackendError, ContextError, EdgespecError
+from ..generate import Chunk, Final, TextStream
+from ..sampling import SamplingConfig
+from ..speculative import SpeculativeDecoder
+from .metrics import Metrics
+
+
+@dataclass(frozen=True)
+class Started:
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    code: str | None = None
+
+
+SHUTTING_DOWN = Failed(503, "the server is shutting down", type="server_error", code="shutting_down")
+# Every job ends with a Final or a Failed, so no handler waits forever; nobody reads this one.
+CANCELLED = Failed(499, "the client closed the request", code="cancelled")
+
+# Aging: a waiting request's priority improves by one level per AGING_S seconds waited, so a
+# request behind a steady stream of more urgent ones is still served, at most this many seconds
+# per level of difference later.
+AGING_S = 10.0
+# How often an idle engine thread looks for work. Signal handlers cannot safely take a lock or
+# wake a condition, so the thread polls; this bounds the latency a new request waits when idle.
+IDLE_POLL_S = 0.02
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Stopping(Exception):
+    pass
+
+
+@dataclass(eq=False)  # a job is itself, not its fields (it is looked up in the queue)
+class Job:
+    prepare: Callable[[Any], Sequence[int]]  # engine -> prompt tokens (runs on the engine thread)
+    sampling: SamplingConfig
+    max_tokens: int
+    stop: Sequence[str] = ()
+    priority: int = 0  # lower is served first
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.monotonic)
+    on_cancel: Callable[["Job"], None] | None = None  # set by the scheduler: leave the queue at once
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self.on_cancel is not None:
+            self.on_cancel(self)
+
+    async def next(self):
+        return await self.events.get()
+
+    def emit(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:
+            pass  # the event loop is gone (server stopped): nobody is listening
+
+    def rank(self, now: float) -> float:
+        return self.priority - (now - self.submitted) / AGING_S
+
+
+def failure(err: EdgespecError) -> Failed:
+    if isinstance(err, ContextError):
+        return Failed(400, err.message, code="context_length_exceeded")
+    if isinstance(err, BackendError):
+        return Failed(500, err.message, type="server_error")
+    return Failed(400, err.message)
+
+
+@dataclass
+class _Active:
+    job: Job
+    slot: int
+    decoder: SpeculativeDecoder
+    text: TextStream
+    first_token: float | None = None
+    last_token: float | None = None
+
+
+class Scheduler:
+    """Admission queue + slots + the engine thread. The server's only way to the engine."""
+
+    def __init__(self, engine, max_queue: int, *, metrics: Metrics | None = None):
+        self.engine = engine
+        self.max_queue = max_queue
+        self.n_slots = engine.n_seq
+        self.metrics = metrics or Metrics()
+        self._lock = threading.Lock()
+        self._queue: list[Job] = []  # waiting, in arrival order (ranked when admitted)
+        self._active: list[_Active] = []
+        self._free = list(range(self.n_slots))
+        self._seq = itertools.count()
+        self.counts = {"requests": 0, "completed": 0, "cancelled": 0, "failed": 0, "tokens": 0}  # for /health
+        self._stopping = False  # a plain flag: shutdown() runs in a signal handler and takes no lock
+        self._thread = threading.Thread(target=self._run, name="edgespec-generate", daemon=True)
+        self._thread.start()
+
+    # ---- called from the event loop (and from signal handlers) ----------------------------
+    def submit(self, job: Job) -> int:
+        """Queue a job; returns how many requests are ahead of it. Raises QueueFull or Stopping."""
+        with self._lock:
+            if self._stopping:
+                raise Stopping()
+            free = self.n_slots - len(self._active)
+            beyond = len(self._queue) + 1 - free  # requests that would wait for a slot, this one included
+            if beyond > self.max_queue:
+                raise QueueFull()
+            job.on_cancel = self._dequeue
+            self._queue.append(job)
+            self.metrics.queue_depth.set(len(self._queue))
+            return max(0, beyond - 1)
+
+    def _dequeue(self, job: Job) -> None:
+        with self._lock:
+            if job in self._queue:
+                self._queue.remove(job)
+                self.counts["requests"] += 1
+                self.counts["cancelled"] += 1
+                self.metrics.finished("cancelled")
+                self.metrics.queue_depth.set(len(self._queue))
+                job.emit(CANCELLED)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> list[Job]:
+        """The jobs in slots now."""
+        return [a.job for a in list(self._active)]
+
+    @property
+    def busy(self) -> int:
+        return len(self._active)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def shutdown(self) -> None:
+        """Stop every generation at its next step and fail every queued job. Signal-safe."""
+        self._stopping = True
+
+    def join(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # ---- the engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            if self._stopping:
+                self._stop_all()
+                return
+            self._admit()
+            self._reap_cancelled()
+            if not self._active:
+                time.sleep(IDLE_POLL_S)
+                continue
+            try:
+                self._step()
+            except Exception as err:  # the thread must outlive any one batch
+                self._fail_all(err)
+
+    def _next_job(self) -> Job | None:
+        with self._lock:
+            if not self._queue or not self._free:
+                return None
+            now = time.monotonic()
+            job = min(self._queue, key=lambda j: (j.rank(now), j.submitted))
+            self._queue.remove(job)
+            self.metrics.queue_depth.set(len(self._queue))
+            self.counts["requests"] += 1
+            return job
+
+    def _admit(self) -> None:
+        while (job := self._next_job()) is not None:
+            try:
+                tokens = list(job.prepare(self.engine))
+                slot = self._best_slot(tokens)
+                decoder = self.engine.decoder(job.sampling, seq=slot)
+                decoder.start(tokens, job.max_tokens)
+            except EdgespecError as err:
+                self._end(job, failure(err), "failed")
+                continue
+            except Exception as err:
+                self._end(job, Failed(500, f"internal error: {type(err).__name__}: {err}", type="server_error"), "failed")
+                continue
+            self._free.remove(slot)
+            self._active.append(_Active(job, slot, decoder, TextStream(self.engine.target.token_bytes, job.stop)))
+            self.metrics.busy_slots.set(len(self._active))
+            self.metrics.prompt(len(tokens), decoder.stats.prompt_cached)
+            job.emit(Started(len(tokens)))
+
+    def _best_slot(self, tokens: Sequence[int]) -> int:
+        """The free slot whose cache shares the longest prefix with this prompt (then the emptiest)."""
+        target = self.engine.target
+
+        def shared(slot: int) -> tuple[int, int]:
+            held = target.seq(slot).tokens
+            n = 0
+            for a, b in zip(held, tokens):
+                if a != b:
+                    break
+                n += 1
+            return n, -len(held)
+
+        return max(self._free, key=shared)
+
+    def _step(self) -> None:
+        active = self._active
+        result = self.engine.batcher.step([a.decoder for a in active])
+        self.metrics.rows_per_decode.observe(result.rows)
+        now = time.perf_counter()
+        for i, a in enumerate(list(active)):
+            for ev in result.events.get(i, ()):
+                self.counts["tokens"] += 1
+                chunk = a.text.feed(ev)
+                if a.first_token is None:
+                    a.first_token = now
+                    self.metrics.ttft.observe(time.monotonic() - a.job.submitted)
+                elif a.last_token is not None:
+                    self.metrics.inter_token.observe(now - a.last_token)
+                a.last_token = now
+                if a.text.stopped:
+                    break
+                if chunk is not None:
+                    a.job.emit(chunk)
+            if a.text.stopped or a.decoder.done:
+                self._finish(a)
+
+    def _finish(self, a: _Active) -> None:
+        self._release(a)
+        items = a.text.finish(a.decoder.stats, a.decoder.settings.mode, None)
+        final = items[-1]
+        assert isinstance(final, Final)
+        self.metrics.completed(final.stats, a.decoder.stats.rounds)
+        self.counts["completed"] += 1
+        for item in items:
+            a.job.emit(item)
+
+    def _release(self, a: _Active) -> None:
+        """The slot's generation is over: its KV keeps a prefix of what was emitted, for reuse."""
+        self._active.remove(a)
+        try:
+            a.decoder.close()
+        finally:
+            self._free.append(a.slot)
+            self.metrics.busy_slots.set(len(self._active))
+
+    def _reap_cancelled(self) -> None:
+        for a in [a for a in self._active if a.job.cancelled.is_set()]:
+            self._release(a)
+            self.counts["cancelled"] += 1
+            self.metrics.finished("cancelled")
+            a.job.emit(CANCELLED)
+
+    def _end(self, job: Job, failed: Failed, outcome: str) -> None:
+        self.counts[outcome] += 1
+        self.metrics.finished(outcome)
+        job.emit(failed)
+
+    def _fail_all(self, err: Exception) -> None:
+        failed = failure(err) if isinstance(err, EdgespecError) else Failed(
+            500, f"internal error: {type(err).__name__}: {err}", type="server_error")
+        for a in list(self._active):
+            try:
+                self._release(a)
+            except Exception:
+                pass
+            self._end(a.job, failed, "failed")
+        if not isinstance(err, EdgespecError):
+            self.engine.reset()  # after an unexpected failure the caches may not match their token lists
+
+    def _stop_all(self) -> None:
+        for a in list(self._active):
+            try:
+                self._release(a)
+            except Exception:
+                pass
+            self._end(a.job, SHUTTING_DOWN, "failed")
+        with self._lock:  # submit() checks for stopping and queues under this lock: nothing slips in after
+            queued, self._queue = self._queue, []
+        for job in queued:
+            self.counts["requests"] += 1
+            self._end(job, SHUTTING_DOWN, "failed")

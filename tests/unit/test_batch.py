@@ -1,0 +1,197 @@
+"""Many sequences in one target pass (edgespec.batch): the same tokens as each sequence alone, the
+draft lengths chosen for the whole batch, prompts read in chunks between rounds, exact kernels'
+row cap, and one sequence's end leaving the others untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.backend.model import LoadParams
+from edgespec.batch import PREFILL_CHUNK, Batcher
+from edgespec.config import SpecConfig
+from edgespec.controller import Controller, CostModel, Load, batch_cost, ubatch_sizes
+from edgespec.engine import Engine, EngineConfig
+from edgespec.sampling import SamplingConfig
+
+from .fake_llama import VOCAB, FakeLlama
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def copy_lm(seed: int = 0):
+    """A language that mostly repeats the context 8 tokens back (n-gram drafts get accepted) with a
+    table-driven twist now and then (they get rejected), over the fake's byte vocabulary."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(VOCAB,)).astype(np.float32)
+
+    def logits(ctx):
+        row = table[np.roll(np.arange(VOCAB), ctx[-1] % 13)].copy()
+        if len(ctx) > 8 and (len(ctx) % 11):
+            row[ctx[-8]] += 20.0
+        return row
+
+    return logits
+
+
+def engine(n_seq: int, *, mode: str = "auto", exact: bool = False, cost: CostModel | None = None, n_batch: int = 512):
+    target = FakeLlama(lm=copy_lm(), n_seq=n_seq, n_batch=n_batch, max_exact_batch=7 if exact else None)
+    config = EngineConfig(Path("fake.gguf"), LoadParams(), spec=SpecConfig(mode=mode), cost=cost, exact=exact, n_seq=n_seq)
+    return Engine(config, models=(target, None))
+
+
+def prompts(n: int) -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    return [[int(t) for t in rng.integers(2, VOCAB, size=20 + 15 * i)] for i in range(n)]
+
+
+def alone(eng: Engine, prompt, max_tokens=60) -> list[int]:
+    eng.target.reset()
+    dec = eng.decoder(GREEDY, seq=0)
+    return [ev.token for ev in dec.generate(prompt, max_tokens)]
+
+
+def together(eng: Engine, ps, max_tokens=60, stop_after: dict[int, int] | None = None):
+    eng.target.reset()
+    decs = [eng.decoder(GREEDY, seq=i) for i in range(len(ps))]
+    for d, p in zip(decs, ps):
+        d.start(p, max_tokens)
+    out = [[] for _ in ps]
+    while not all(d.done for d in decs):
+        res = eng.batcher.step(decs)
+        for i, evs in res.events.items():
+            out[i] += [e.token for e in evs]
+        for i, n in (stop_after or {}).items():
+            if len(out[i]) >= n and not decs[i].done:
+                decs[i].close()
+                decs[i].stats.finish_reason = "cancelled"
+    for d in decs:
+        d.close()
+    return out, decs
+
+
+def test_sequences_batched_together_emit_what_each_emits_alone():
+    eng = engine(4)
+    ps = prompts(4)
+    solo = [alone(eng, p) for p in ps]
+    both, decs = together(eng, ps)
+    assert both == solo
+    assert sum(r.drafted for d in decs for r in d.stats.rounds) > 0, "nothing was drafted"
+    # rows of different sequences shared decodes
+    assert any(len(parts) > 1 for parts in eng.target.batches)
+
+
+def test_exact_prompt_chunks_do_not_depend_on_what_else_runs():
+    # exact kernels: a prompt is read in the same chunks alone or beside others, so its KV is too
+    eng = engine(3, exact=True)
+    long = [int(t) for t in np.random.default_rng(3).integers(2, VOCAB, size=3 * PREFILL_CHUNK + 5)]
+    eng.target.reset()
+    a = eng.decoder(GREEDY, seq=0)
+    a.start(long, 1)
+    while a.prefill_left:
+        eng.batcher.step([a])
+    chunks_alone = [n for parts in eng.target.batches for s, n, w in parts if s == 0 and not w]
+    eng.target.reset()
+    eng.target.batches.clear()
+    decs = [eng.decoder(GREEDY, seq=i) for i in range(3)]
+    for d in decs:
+        d.start(long, 1)
+    while any(d.prefill_left for d in decs):
+        eng.batcher.step(decs)
+    for i in range(3):
+        assert [n for parts in eng.target.batches for s, n, w in parts if s == i and not w] == chunks_alone
+
+
+def test_ending_one_sequence_leaves_the_others_exactly_as_they_were():
+    eng = engine(3)
+    ps = prompts(3)
+    solo = [alone(eng, p) for p in ps]
+    out, _ = together(eng, ps, stop_after={1: 5})
+    assert out[0] == solo[0] and out[2] == solo[2]
+    assert out[1] == solo[1][: len(out[1])]
+
+
+def test_a_long_prompt_is_read_in_chunks_between_the_others_rounds():
+    eng = engine(2)
+    short, long = [5, 6, 7, 8], [int(t) for t in np.random.default_rng(1).integers(2, VOCAB, size=5 * PREFILL_CHUNK)]
+    eng.target.reset()
+    a, b = eng.decoder(GREEDY, seq=0), eng.decoder(GREEDY, seq=1)
+    a.start(short, 40)
+    eng.batcher.step([a])  # a is decoding
+    b.start(long, 10)
+    emitted = 0
+    while b.prefill_left:
+        res = eng.batcher.step([a, b])
+        emitted += len(res.events.get(0, ()))
+        assert res.rows <= PREFILL_CHUNK + a.settings.draft_max + 1
+    assert emitted >= 4, "the running sequence kept emitting while the long prompt was read"
+    mixed = [parts for parts in eng.target.batches if {0, 1} <= {s for s, _, _ in parts}]
+    assert mixed and all(n <= PREFILL_CHUNK for parts in mixed for s, n, _ in parts if s == 1)
+
+
+def test_exact_kernels_keep_every_decode_within_their_row_limit_and_prompts_apart():
+    eng = engine(4, exact=True)
+    ps = prompts(4)
+    solo = [alone(eng, p) for p in ps]
+    eng.target.batches.clear()
+    out, _ = together(eng, ps)
+    assert out == solo
+    verifies = [parts for parts in eng.target.batches if any(w for _, _, w in parts)]
+    for parts in verifies:
+        assert sum(n for _, n, _ in parts) <= 7
+        assert all(w == n for _, n, w in parts), "a prompt chunk shared a verify batch"
+    assert any(len(parts) > 1 for parts in verifies)
+
+
+def test_more_sequences_than_exact_rows_still_all_advance():
+    eng = engine(9, exact=True)
+    ps = prompts(9)
+    out, decs = together(eng, ps, max_tokens=12)
+    assert all(d.stats.finish_reason in ("length", "stop") for d in decs)
+    assert all(sum(n for _, n, w in parts) <= 7 for parts in eng.target.batches if any(w for _, _, w in parts))
+
+
+# ---- the choice for the whole batch -----------------------------------------------------------
+def test_ubatch_sizes_follow_llamas_equal_split():
+    assert ubatch_sizes([1]) == [1]
+    assert ubatch_sizes([4, 4, 4, 4]) == [16]
+    assert ubatch_sizes([5, 1, 1, 1]) == [4, 4]
+    assert ubatch_sizes([13, 1, 1, 1]) == [4, 12]
+    assert ubatch_sizes([3, 0, 2]) == [4, 1]
+    cost = CostModel(verify={2: 1.5, 4: 2.0, 12: 5.0, 16: 6.0})
+    assert batch_cost(cost, [13, 1, 1, 1]) == cost.v(4) + cost.v(12)
+
+
+def test_alone_the_choice_is_exactly_the_single_sequence_rule():
+    cost = CostModel(verify={k: 1 + 0.3 * (k - 1) for k in range(2, 18)})
+    a, b = Controller(cost, k_max=16), Controller(cost, k_max=16)
+    for alpha_key in ("x", "y"):
+        a.estimate(alpha_key, 0.8), b.estimate(alpha_key, 0.8)
+    assert a.choose("x", 0.0, 16) == b.choose("x", 0.0, 16, load=Load())
+
+
+def test_drafts_shrink_as_the_batch_fills_and_stop_where_batching_already_pays():
+    # batches cost 0.3 of a pass per extra row: alone an 80% drafter pays; beside three other
+    # sequences the rows it would add cost nearly what they bring
+    cost = CostModel(verify={k: 1 + 0.3 * (k - 1) for k in range(2, 40)})
+    ks = []
+    for others in (0, 1, 3, 7):
+        c = Controller(cost, k_max=16)
+        c.estimate("x", 0.8)
+        load = Load((1,) * others, float(others)) if others else None
+        ks.append(c.choose("x", 0.0, 16, load=load).k)
+    assert ks[0] > 0
+    assert ks == sorted(ks, reverse=True)
+    assert ks[-1] == 0
+    # a near-certain long copy still earns its rows in a full batch
+    c = Controller(cost, k_max=16)
+    c.estimate("sure", 0.995)
+    assert c.choose("sure", 0.0, 16, load=Load((1,) * 7, 7.0)).k >= 8
+
+
+def test_batcher_row_budget_is_never_exceeded():
+    eng = engine(4, n_batch=24)
+    ps = prompts(4)
+    out, _ = together(eng, ps, max_tokens=30)
+    assert all(sum(n for _, n, _ in parts) <= 24 for parts in eng.target.batches)
