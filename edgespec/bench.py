@@ -28,14 +28,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .config import SPEC_MODES
+from .config import SPEC_MODES, Mode
 from .errors import InputError
 from .generate import Final, GenerationStats
 from .sampling import SamplingConfig
 
-DEFAULT_MODES = ("off", "draft", "ngram", "combined", "auto")
-DRAFT_ONLY_MODES = ("draft", "combined")  # meaningless without a draft model (auto falls back to n-gram)
-DRAFT_MODEL_MODES = ("draft", "combined", "auto")  # modes that can use a loaded draft model
+DEFAULT_MODES = (Mode.OFF, Mode.DRAFT, Mode.NGRAM, Mode.COMBINED, Mode.AUTO)  # the baseline first
 DEFAULT_MAX_TOKENS = 128  # for a prompt without its own max_tokens
 WARMUP_TOKENS = 8
 # The largest top-1 minus top-2 logit gap at which a divergence from plain decoding counts as a
@@ -136,27 +134,22 @@ def filter_categories(prompts: Sequence[BenchPrompt], categories: Sequence[str])
     return [p for p in prompts if p.category in categories]
 
 
-def parse_modes(text: str) -> list[str]:
+def parse_modes(text: str) -> list[Mode]:
     modes = split_list([text])
     bad = [m for m in modes if m not in SPEC_MODES]
     if bad:
         raise InputError(f"--modes: unknown mode {', '.join(map(repr, bad))} (choose from {', '.join(DEFAULT_MODES)})")
     if not modes:
         raise InputError("--modes: no modes given")
-    ordered = list(dict.fromkeys(modes))
-    if "off" not in ordered:
-        ordered.insert(0, "off")  # the baseline every speedup is measured against
-    else:
-        ordered.remove("off")
-        ordered.insert(0, "off")
-    return ordered
+    ordered = [Mode(m) for m in dict.fromkeys(modes) if m != Mode.OFF]
+    return [Mode.OFF, *ordered]  # the baseline every speedup is measured against, first
 
 
-def runnable_modes(modes: Sequence[str], has_draft: bool) -> tuple[list[str], list[dict]]:
+def runnable_modes(modes: Sequence[str], has_draft: bool) -> tuple[list[Mode], list[dict]]:
     """Drop modes that need a draft model when none is loaded; return (modes, skipped notes)."""
     keep, skipped = [], []
-    for m in modes:
-        if m in DRAFT_ONLY_MODES and not has_draft:
+    for m in map(Mode, modes):
+        if m.needs_draft_model and not has_draft:
             skipped.append({"mode": m, "reason": "no draft model loaded (pass -md/--model-draft or --pair)"})
         else:
             keep.append(m)
@@ -560,7 +553,7 @@ class Runner:
         engine.reset(forget_learning=True)
         decoder = engine.decoder(sampling, mode, record_margins=True) if record_margins else engine.decoder(sampling, mode)
         extra_ms = 0.0
-        if decoder.drafter is not None and mode != "auto" and len(tokens) > 1:
+        if decoder.drafter is not None and not Mode(mode).adaptive and len(tokens) > 1:
             # The draft model's prompt processing, done up front so generation tok/s excludes it.
             # Not in auto: there the draft model is read lazily, only if the controller uses it.
             t0 = time.perf_counter()
@@ -603,7 +596,7 @@ def run_bench(
         raise InputError("no prompts to run")
     modes, skipped = runnable_modes(list(modes), engine.draft is not None)
     result = BenchResult(modes=list(modes), prompts=list(prompts), skipped=skipped, exact=exact)
-    if "auto" in modes and engine.draft is None:
+    if Mode.AUTO in modes and engine.draft is None:
         result.notes.append("auto ran without a draft model (n-gram drafting only)")
     runner = Runner(engine)
     report = on_progress or (lambda _p: None)

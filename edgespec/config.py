@@ -4,10 +4,47 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 
 from .errors import ConfigError
 
-SPEC_MODES = ("auto", "draft", "ngram", "combined", "off")
+
+class Mode(str, Enum):
+    """`--spec`: where drafts may come from. A str, so `mode == "auto"` holds for Mode.AUTO."""
+
+    AUTO = "auto"  # the controller picks the drafter (or none) by measured cost, and switches
+    DRAFT = "draft"  # the draft model only
+    NGRAM = "ngram"  # the copy-following n-gram drafter only (no second model)
+    COMBINED = "combined"  # the n-gram drafter first, the draft model when it has nothing
+    OFF = "off"  # plain decoding
+
+    def __str__(self) -> str:  # "auto", not "Mode.AUTO", in messages and f-strings
+        return self.value
+
+    __format__ = str.__format__
+
+    @property
+    def uses_ngram(self) -> bool:
+        return self in (Mode.NGRAM, Mode.COMBINED, Mode.AUTO)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Whether a loaded draft model is used (so whether one is worth loading)."""
+        return self in (Mode.DRAFT, Mode.COMBINED, Mode.AUTO)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Meaningless without a draft model: draft cannot run, combined would be ngram again
+        (auto just drafts with the n-gram drafter alone)."""
+        return self in (Mode.DRAFT, Mode.COMBINED)
+
+    @property
+    def adaptive(self) -> bool:
+        """The controller may decide not to draft at all (a forced mode always drafts)."""
+        return self is Mode.AUTO
+
+
+SPEC_MODES = tuple(m.value for m in Mode)
 KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 
@@ -37,7 +74,7 @@ def _require(ok: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    mode: str = "auto"
+    mode: Mode = Mode.AUTO  # a plain string is accepted and converted
     draft_min: int = 1
     draft_max: int | None = None  # None: the longest verify batch the profile measured (16 without one)
     draft_p_min: float = 0.5
@@ -46,6 +83,7 @@ class SpecConfig:
 
     def __post_init__(self):
         _require(self.mode in SPEC_MODES, f"--spec must be one of {', '.join(SPEC_MODES)} (got {self.mode!r})")
+        object.__setattr__(self, "mode", Mode(self.mode))
         _require(self.draft_min >= 1, f"--draft-min must be >= 1 (got {self.draft_min})")
         if self.draft_max is not None:
             _require(self.draft_max >= self.draft_min, f"--draft-max ({self.draft_max}) must be >= --draft-min ({self.draft_min})")
@@ -55,7 +93,7 @@ class SpecConfig:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.mode in ("auto", "draft", "combined")
+        return self.mode.uses_draft_model
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..bench import DEFAULT_MODES
 from .root import CONTEXT, cli
 from .options import model_options, open_engine, spec_config
 
@@ -16,7 +17,7 @@ from .options import model_options, open_engine, spec_config
 @model_options
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, path_type=Path),
               help='JSONL prompt set: {"id", "category", "prompt", optional "system", "max_tokens"} per line. Default: the built-in set.')
-@click.option("--modes", default=",".join(("off", "draft", "ngram", "combined", "auto")), show_default=True,
+@click.option("--modes", default=",".join(DEFAULT_MODES), show_default=True,
               help="Comma-separated modes; off (the baseline) always runs. Modes needing a draft model are skipped without one.")
 @click.option("--category", "categories", multiple=True, help="Only prompts of this category (repeatable, or comma-separated).")
 @click.option("-n", "--max-tokens", type=int, envvar="EDGESPEC_MAX_TOKENS", help="Cap on generated tokens per prompt (default: each prompt's max_tokens, else 128).")
@@ -56,7 +57,7 @@ def bench(prompts_file, modes, categories, max_tokens, repeats, verify, temperat
         raise InputError(f"--max-tokens must be >= 1 (got {max_tokens})")
     sampling = SamplingConfig(temperature=temperature, seed=seed)
     # Load the draft model only when some requested mode can use it.
-    kw["spec_mode"] = "auto" if any(m in lib.DRAFT_MODEL_MODES for m in mode_list) else "off"
+    kw["spec_mode"] = "auto" if any(m.uses_draft_model for m in mode_list) else "off"
     spec: SpecConfig = spec_config(kw)
     resolved, engine = open_engine(kw, spec, quiet=as_json)
     err, out = stderr_console(), stdout_console()

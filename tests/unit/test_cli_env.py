@@ -18,6 +18,7 @@ import pytest
 
 from edgespec import generate, models, session
 from edgespec.commands import main
+from edgespec.config import Mode
 from edgespec.controller import Controller, CostModel
 from edgespec.models import HFSource, ModelEntry, PackSource, Registry
 from edgespec.speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDecoder
@@ -58,8 +59,8 @@ class FakeEngine:
     def stream(self, tokens, sampling, *, max_tokens=256, stop=(), mode=None):
         self.streams.append({"max_tokens": max_tokens, "sampling": sampling, "stop": tuple(stop)})
         spec_mode = mode or self.spec.mode
-        drafter = ModelDrafter(FakeModel(cycle_lm), sampling) if spec_mode in ("draft", "combined", "auto") else None
-        ngram = NgramDrafter() if spec_mode in ("ngram", "combined", "auto") else None
+        drafter = ModelDrafter(FakeModel(cycle_lm), sampling) if Mode(spec_mode).uses_draft_model else None
+        ngram = NgramDrafter() if Mode(spec_mode).uses_ngram else None
         ctl = Controller(CostModel(draft_cost=0.1), k_min=1, k_max=4, allow_off=False, learn_timing=False)
         dec = SpeculativeDecoder(FakeModel(cycle_lm), sampling, ctl, SpecSettings(mode=spec_mode),
                                  ngram=ngram, drafter=drafter)
