@@ -10,7 +10,7 @@ import click
 
 from ..bench import DEFAULT_MODES
 from .root import CONTEXT, cli
-from .options import model_options, open_engine, spec_config
+from .options import POSITIVE, model_options, open_engine, spec_config
 
 
 @cli.command(context_settings=CONTEXT)
@@ -20,8 +20,8 @@ from .options import model_options, open_engine, spec_config
 @click.option("--modes", default=",".join(DEFAULT_MODES), show_default=True,
               help="Comma-separated modes; off (the baseline) always runs. Modes needing a draft model are skipped without one.")
 @click.option("--category", "categories", multiple=True, help="Only prompts of this category (repeatable, or comma-separated).")
-@click.option("-n", "--max-tokens", type=int, envvar="EDGESPEC_MAX_TOKENS", help="Cap on generated tokens per prompt (default: each prompt's max_tokens, else 128).")
-@click.option("--repeats", type=int, default=3, show_default=True,
+@click.option("-n", "--max-tokens", type=POSITIVE, envvar="EDGESPEC_MAX_TOKENS", help="Cap on generated tokens per prompt (default: each prompt's max_tokens, else 128).")
+@click.option("--repeats", type=POSITIVE, default=3, show_default=True,
               help="Runs per prompt and mode (modes interleaved per repeat); the median is reported with the spread.")
 @click.option("--verify", is_flag=True,
               help="Compare every mode's greedy output with plain decoding; exit 1 on a difference "
@@ -44,17 +44,12 @@ def bench(prompts_file, modes, categories, max_tokens, repeats, verify, temperat
     from .. import bench as lib
     from ..config import SpecConfig
     from .options import kernel_kind
-    from ..errors import InputError
     from ..render import stderr_console, stdout_console
     from ..render.bench import progress_line, render_results
     from ..sampling import SamplingConfig
 
     mode_list = lib.parse_modes(modes)
     prompts = lib.filter_categories(lib.load_prompts(prompts_file), lib.split_list(categories))
-    if repeats < 1:
-        raise InputError(f"--repeats must be >= 1 (got {repeats})")
-    if max_tokens is not None and max_tokens < 1:
-        raise InputError(f"--max-tokens must be >= 1 (got {max_tokens})")
     sampling = SamplingConfig(temperature=temperature, seed=seed)
     # Load the draft model only when some requested mode can use it.
     kw["spec_mode"] = "auto" if any(m.uses_draft_model for m in mode_list) else "off"

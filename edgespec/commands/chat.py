@@ -14,7 +14,7 @@ import click
 from ..chat import BLOCK, ChatSession, Notice, SessionTotals
 from .root import CONTEXT, cli
 from .options import model_options, open_engine, sampling_config, sampling_options, spec_config
-from ..errors import ContextError, EdgespecError, InputError
+from ..errors import ContextError, EdgespecError
 from ..generate import Chunk, Final, GenerationStats
 
 PROMPT = "you> "
@@ -38,8 +38,6 @@ def chat(system, load_file, show_drafts, no_trim, quiet, **kw):
     from ..render import stderr_console, stdout_console
     from ..render.chat import RichChatView, banner
 
-    if kw["max_tokens"] < 1:
-        raise InputError(f"--max-tokens must be >= 1 (got {kw['max_tokens']})")
     spec = spec_config(kw)
     resolved, engine = open_engine(kw, spec)
     err = stderr_console()

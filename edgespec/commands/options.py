@@ -5,7 +5,33 @@ from __future__ import annotations
 import click
 
 from ..config import KV_TYPES, SPEC_MODES, LoadConfig, SpecConfig, parse_rpc
+from ..errors import ConfigError
 from ..sampling import SamplingConfig
+
+
+# ---- option types ------------------------------------------------------------------------------
+class AtLeast(click.types.IntParamType):
+    """An integer option with a lower bound, checked as click parses it (flag or EDGESPEC_* variable).
+
+    Below the bound it is the one-line `error: --max-tokens must be >= 1 (got 0)` of the error
+    boundary (exit 2), as the commands said before the check moved here; a non-integer is click's
+    own usage error."""
+
+    def __init__(self, minimum: int):
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number < self.minimum:
+            flag = max(param.opts, key=len) if param is not None else "value"
+            raise ConfigError(f"{flag} must be >= {self.minimum} (got {number})")
+        return number
+
+    def __repr__(self) -> str:
+        return f"AtLeast({self.minimum})"
+
+
+POSITIVE = AtLeast(1)
 
 # ---- shared options ----------------------------------------------------------------------------
 def model_options(fn):
@@ -47,7 +73,7 @@ def model_options(fn):
 
 def sampling_options(fn):
     opts = [
-        click.option("-n", "--max-tokens", type=int, default=512, show_default=True, envvar="EDGESPEC_MAX_TOKENS"),
+        click.option("-n", "--max-tokens", type=POSITIVE, default=512, show_default=True, envvar="EDGESPEC_MAX_TOKENS"),
         click.option("--temperature", "--temp", type=float, default=0.0, show_default=True, envvar="EDGESPEC_TEMPERATURE",
                      help="0 is greedy (output identical to plain decoding)."),
         click.option("--top-k", type=int, default=40, show_default=True),

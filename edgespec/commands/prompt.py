@@ -50,8 +50,6 @@ def prompt(text, system, raw, as_json, quiet, show_drafts, **kw):
 
     text = read_prompt(text)
     spec, sampling = spec_config(kw), sampling_config(kw)
-    if kw["max_tokens"] < 1:
-        raise InputError(f"--max-tokens must be >= 1 (got {kw['max_tokens']})")
     _, engine = open_engine(kw, spec, quiet=quiet or as_json)
     out, err = stdout_console(), stderr_console()
     with engine:

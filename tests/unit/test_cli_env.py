@@ -168,6 +168,19 @@ def test_bad_env_value_is_one_line_exit_2(cli, var, value, flag):
     assert flag in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("args,env,line", [
+    (("prompt", "hi", "-m", "m", "-n", "0"), {}, "error: --max-tokens must be >= 1 (got 0)"),
+    (("prompt", "hi", "-m", "m"), {"EDGESPEC_MAX_TOKENS": "-3"}, "error: --max-tokens must be >= 1 (got -3)"),
+    (("chat", "-m", "m", "-n", "0"), {}, "error: --max-tokens must be >= 1 (got 0)"),
+    (("bench", "-m", "m", "--max-tokens", "0"), {}, "error: --max-tokens must be >= 1 (got 0)"),
+    (("bench", "-m", "m", "--repeats", "0"), {}, "error: --repeats must be >= 1 (got 0)"),
+])
+def test_a_count_below_one_is_one_line_exit_2_before_any_model_is_touched(cli, args, env, line):
+    code, out, err, rec = cli(*args, env=env)
+    assert (code, err.strip(), out) == (2, line, "")
+    assert rec.load is None  # refused while parsing: nothing was resolved
+
+
 # ---- --show-drafts -----------------------------------------------------------------------------
 COLOUR = {"ngram": "\x1b[36m", "draft": "\x1b[32m"}  # cyan, green (SGR codes)
 
