@@ -88,8 +88,9 @@ def sampling_options(fn):
     return fn
 
 
-def spec_config(kw) -> SpecConfig:
-    return SpecConfig(mode=kw["spec_mode"], draft_min=kw["draft_min"], draft_max=kw["draft_max"], draft_p_min=kw["draft_p_min"])
+def spec_config(kw, *, mode: str | None = None) -> SpecConfig:
+    """From the flags; `mode` in place of --spec where a command decides it (bench)."""
+    return SpecConfig(mode=mode or kw["spec_mode"], draft_min=kw["draft_min"], draft_max=kw["draft_max"], draft_p_min=kw["draft_p_min"])
 
 
 def sampling_config(kw) -> SamplingConfig:
