@@ -282,8 +282,8 @@ class Controller:
         if self.timing.reference_t1 is not None and not self.timing.stale:
             # A measured profile that this run agrees with: its costs (repeated, interleaved, the
             # fastest of each) are better than one run's passes, whose noise (a slow 64-row batch
-            # now and then) otherwise moved the draft lengths: three identical runs of one copy
-            # prompt here drafted 428, 338 and 450 tokens and ran at 35.7, 22.9 and 29.7 tok/s.
+            # now and then) otherwise moved the draft lengths between identical runs (README,
+            # "Measured on this machine": the hints row before the fix).
             return
         self.cost.verify.update(self.timing.live_verify())
         c = self.timing.live_draft_cost()

@@ -90,9 +90,9 @@ class ModelShape:
 
     @classmethod
     def from_gguf(cls, info: Any) -> ModelShape:
-        # Vocabulary size feeds only the compute-buffer estimate; when the header reader does not
-        # expose it, assume a large modern vocabulary (Qwen's 152k) so the estimate errs high.
-        n_vocab = getattr(info, "n_vocab", None) or getattr(info, "vocab_size", None) or 152064
+        # Vocabulary size feeds only the compute-buffer estimate; when the header does not tell it
+        # (GGUFInfo.n_vocab None), assume a large modern vocabulary (Qwen's 152k) so the estimate errs high.
+        n_vocab = getattr(info, "n_vocab", None) or 152064
         return cls(
             name=info.name or _stem(getattr(info, "path", None)),
             n_layers=info.n_layers,

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import click
 
+from .. import session
 from ..config import KV_TYPES, SPEC_MODES, LoadConfig, SpecConfig, parse_rpc
 from ..errors import ConfigError
+from ..hardware import parse_size_option
+from ..render import stderr_console
+from ..render.common import RichProgress
 from ..sampling import SamplingConfig
 
 
@@ -63,8 +67,6 @@ def model_options(fn):
                           "(slower: no weight repacking or flash attention, verify batches of at most 7 rows). "
                           "Default: llama.cpp's fast kernels, where speculative output can differ from plain "
                           "decoding only at near-ties."),
-        # The default since kernels went fast-by-default; kept so old scripts keep working.
-        click.option("--fast-kernels", is_flag=True, hidden=True, envvar="EDGESPEC_FAST_KERNELS"),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -101,10 +103,7 @@ def sampling_config(kw) -> SamplingConfig:
 
 
 def load_config(kw, spec: SpecConfig) -> LoadConfig:
-    from ..hardware import parse_size_option
-    from ..session import choose_models
-
-    choice = choose_models(kw["model"], kw["model_draft"], kw["pair"], spec)
+    choice = session.choose_models(kw["model"], kw["model_draft"], kw["pair"], spec)
     return LoadConfig(
         target=choice.target, draft=choice.draft, n_ctx=kw["ctx_size"], threads=kw["threads"],
         threads_draft=kw["threads_draft"], n_gpu_layers=kw["n_gpu_layers"], n_gpu_layers_draft=kw["n_gpu_layers_draft"],
@@ -114,26 +113,18 @@ def load_config(kw, spec: SpecConfig) -> LoadConfig:
 
 
 def kernel_kind(kw) -> str:
-    """"exact" with --exact, else "fast" (llama.cpp's default kernels); --fast-kernels is the old name of the default."""
-    if kw.get("exact") and kw.get("fast_kernels"):
-        from ..errors import ConfigError
-
-        raise ConfigError("--exact and --fast-kernels contradict each other; pass one")
+    """"exact" with --exact, else "fast" (llama.cpp's default kernels)."""
     return "exact" if kw.get("exact") else "fast"
 
 
 def open_engine(kw, spec: SpecConfig, *, quiet: bool = False):
     """Resolve (downloading if needed), plan and load; warnings go to stderr."""
-    from ..render import stderr_console
-    from ..render.common import RichProgress
-    from ..session import open_engine as _open, resolve
-
     err = stderr_console()
-    resolved = resolve(load_config(kw, spec), spec, progress=RichProgress(err),
+    resolved = session.resolve(load_config(kw, spec), spec, progress=RichProgress(err),
                        kernels=kernel_kind(kw))
     if not quiet:
         for w in resolved.plan.warnings + resolved.warnings:
             err.print(f"[yellow]warning:[/] {w}")
-    return resolved, _open(resolved, spec, exact=kw["exact"])
+    return resolved, session.open_engine(resolved, spec, exact=kw["exact"])
 
 

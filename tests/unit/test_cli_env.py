@@ -85,7 +85,7 @@ def cli(monkeypatch, tmp_path, capsys):
     """Run `edgespec ARGS` through the real entry point; returns (exit code, stdout, stderr, record)."""
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     for var in ("EDGESPEC_MODEL", "EDGESPEC_MODEL_DRAFT", "EDGESPEC_PAIR", "EDGESPEC_SPEC", "EDGESPEC_MAX_TOKENS",
-                "EDGESPEC_EXACT", "EDGESPEC_FAST_KERNELS", "EDGESPEC_THREADS", "EDGESPEC_THREADS_DRAFT",
+                "EDGESPEC_EXACT", "EDGESPEC_THREADS", "EDGESPEC_THREADS_DRAFT",
                 "EDGESPEC_CTX_SIZE", "EDGESPEC_TEMPERATURE", "EDGESPEC_SEED", "EDGESPEC_DRAFT_MAX",
                 "EDGESPEC_RPC", "FORCE_COLOR", "NO_COLOR"):
         monkeypatch.delenv(var, raising=False)
