@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .. import session
-from ..config import KV_TYPES, SPEC_MODES, LoadConfig, SpecConfig, parse_rpc
+from ..config import DEFAULT_DRAFT_MAX, KV_TYPES, MAX_DRAFT, SPEC_MODES, LoadConfig, SpecConfig, parse_rpc
 from ..errors import ConfigError
 from ..hardware import parse_size_option
 from ..render import stderr_console
@@ -46,7 +46,8 @@ def model_options(fn):
         click.option("--spec", "spec_mode", type=click.Choice(SPEC_MODES), default="auto", show_default=True, envvar="EDGESPEC_SPEC",
                      help="Speculation: auto picks and switches drafters by measured cost; off is plain decoding."),
         click.option("--draft-max", type=int, envvar="EDGESPEC_DRAFT_MAX",
-                     help="Most tokens drafted per round (default: the longest verify batch the profile measured, up to 64; 16 without a profile)."),
+                     help=f"Most tokens drafted per round (default: the longest verify batch the profile measured, "
+                          f"up to {MAX_DRAFT}; {DEFAULT_DRAFT_MAX} without a profile)."),
         click.option("--draft-min", type=int, default=1, show_default=True, envvar="EDGESPEC_DRAFT_MIN", help="Fewest tokens worth drafting."),
         click.option("--draft-p-min", type=float, default=0.5, show_default=True, envvar="EDGESPEC_DRAFT_P_MIN",
                      help="Stop drafting when the draft model's top probability falls below this."),
