@@ -1,7 +1,7 @@
 """The chat REPL's session, without a terminal: history, turns, commands, context trimming.
 
 `ChatSession` owns the history and talks to an injected engine (anything with `chat_tokens` and
-`stream`). The terminal loop that drives it is in chat_cmd.py; render/chat.py draws with Rich.
+`stream`). The terminal loop that drives it is in commands/chat.py; render/chat.py draws with Rich.
 The engine reuses its KV caches across turns by itself: each turn's prompt is the whole history,
 and the decoder evaluates only what follows the prefix it already holds.
 """
@@ -18,7 +18,7 @@ from .generate import Chunk, Final, GenerationStats
 from .sampling import SamplingConfig
 from .template import ROLES, Message
 
-BLOCK = '"""'  # fences multi-line input (chat_cmd.LineAssembler)
+BLOCK = '"""'  # fences multi-line input (commands/chat.py LineAssembler)
 
 HELP = f"""\
 Type a message and press Enter; the answer streams back. Commands:

@@ -4,11 +4,82 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
 
-SPEC_MODES = ("auto", "draft", "ngram", "combined", "off")
-KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+if TYPE_CHECKING:  # the cost model's home imports timing; config stays a leaf module
+    from .controller import CostModel
+
+
+class Mode(str, Enum):
+    """`--spec`: where drafts may come from. A str, so `mode == "auto"` holds for Mode.AUTO."""
+
+    AUTO = "auto"  # the controller picks the drafter (or none) by measured cost, and switches
+    DRAFT = "draft"  # the draft model only
+    NGRAM = "ngram"  # the copy-following n-gram drafter only (no second model)
+    COMBINED = "combined"  # the n-gram drafter first, the draft model when it has nothing
+    OFF = "off"  # plain decoding
+
+    def __str__(self) -> str:  # "auto", not "Mode.AUTO", in messages and f-strings
+        return self.value
+
+    __format__ = str.__format__
+
+    @property
+    def uses_ngram(self) -> bool:
+        return self in (Mode.NGRAM, Mode.COMBINED, Mode.AUTO)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Whether a loaded draft model is used (so whether one is worth loading)."""
+        return self in (Mode.DRAFT, Mode.COMBINED, Mode.AUTO)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Meaningless without a draft model: draft cannot run, combined would be ngram again
+        (auto just drafts with the n-gram drafter alone)."""
+        return self in (Mode.DRAFT, Mode.COMBINED)
+
+    @property
+    def adaptive(self) -> bool:
+        """The controller may decide not to draft at all (a forced mode always drafts)."""
+        return self is Mode.AUTO
+
+
+SPEC_MODES = tuple(m.value for m in Mode)
+
+
+@dataclass(frozen=True)
+class KVCacheType:
+    ggml_type: int  # enum ggml_type (ggml.h): what llama_context_params.type_k/type_v take
+    bytes_per_elem: float  # a ggml block's bytes over its elements (q8_0: 34 bytes per 32)
+
+
+# The KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp `kv_cache_types`, in that
+# vendored llama.cpp), keyed by the names it takes; the one list the flags, the plan and the
+# backend use.
+KV_CACHE_TYPES: dict[str, KVCacheType] = {
+    "f32": KVCacheType(0, 4.0),
+    "f16": KVCacheType(1, 2.0),
+    "bf16": KVCacheType(30, 2.0),
+    "q8_0": KVCacheType(8, 34 / 32),
+    "q4_0": KVCacheType(2, 18 / 32),
+    "q4_1": KVCacheType(3, 20 / 32),
+    "iq4_nl": KVCacheType(20, 18 / 32),
+    "q5_0": KVCacheType(6, 22 / 32),
+    "q5_1": KVCacheType(7, 24 / 32),
+}
+KV_TYPES = tuple(KV_CACHE_TYPES)
+
+# The most tokens one round may draft (--draft-max's ceiling). `edgespec profile` times verify
+# batches up to 64 rows (measure.KS_FAST), so a longer draft would be chosen on extrapolated
+# costs; and a round can expect at most 1/(1 - alpha) tokens, 50 even at alpha = 0.98.
+MAX_DRAFT = 64
+# --draft-max without a profile: the prior cost model is a guess, so drafts stay at a length
+# whose verify batch costs little even where that guess is wrong.
+DEFAULT_DRAFT_MAX = 16
 
 
 _ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]*):(?P<port>\d{1,5})$")
@@ -38,25 +109,48 @@ def _require(ok: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    mode: str = "auto"
+    mode: Mode = Mode.AUTO  # a plain string is accepted and converted
     draft_min: int = 1
-    draft_max: int | None = None  # None: the longest verify batch the profile measured (16 without one)
+    draft_max: int | None = None  # None: DraftLimits decides from the profile
     draft_p_min: float = 0.5
     ngram_min: int = 1
     ngram_max: int = 4
 
     def __post_init__(self):
         _require(self.mode in SPEC_MODES, f"--spec must be one of {', '.join(SPEC_MODES)} (got {self.mode!r})")
+        object.__setattr__(self, "mode", Mode(self.mode))
         _require(self.draft_min >= 1, f"--draft-min must be >= 1 (got {self.draft_min})")
         if self.draft_max is not None:
             _require(self.draft_max >= self.draft_min, f"--draft-max ({self.draft_max}) must be >= --draft-min ({self.draft_min})")
-            _require(self.draft_max <= 64, f"--draft-max must be <= 64 (got {self.draft_max})")
+            _require(self.draft_max <= MAX_DRAFT, f"--draft-max must be <= {MAX_DRAFT} (got {self.draft_max})")
         _require(0.0 <= self.draft_p_min < 1.0, f"--draft-p-min must be in [0, 1) (got {self.draft_p_min})")
         _require(1 <= self.ngram_min <= self.ngram_max <= 16, "n-gram sizes need 1 <= min <= max <= 16")
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.mode in ("auto", "draft", "combined")
+        return self.mode.uses_draft_model
+
+
+@dataclass(frozen=True)
+class DraftLimits:
+    """How long one round's draft may be, decided once per engine and shared by the controller (the
+    lengths it compares) and the decoder (the cap it gives the drafters)."""
+
+    draft_min: int
+    draft_max: int
+
+    def __post_init__(self):
+        _require(1 <= self.draft_min <= self.draft_max <= MAX_DRAFT,
+                 f"draft lengths need 1 <= min <= max <= {MAX_DRAFT} (got {self.draft_min}, {self.draft_max})")
+
+    @classmethod
+    def of(cls, spec: SpecConfig, cost: "CostModel | None") -> "DraftLimits":
+        """--draft-max if given, else as far as the profile measured verify batches (a batch holds
+        the drafts plus one token: beyond it the cost model only extrapolates), else
+        DEFAULT_DRAFT_MAX; never below --draft-min."""
+        measured = [k for k in (cost.verify if cost else {}) if k > 1]
+        default = max(1, min(MAX_DRAFT, max(measured) - 1)) if measured else DEFAULT_DRAFT_MAX
+        return cls(spec.draft_min, max(spec.draft_max or default, spec.draft_min))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ Pure: no llama_cpp, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence, Union
 
 from .timing import LiveTiming
 
@@ -19,11 +19,10 @@ from .timing import LiveTiming
 # verifying k tokens costs about 1 + 0.5 (k - 1) single-token passes on a small CPU (measured here).
 PRIOR_VERIFY_SLOPE = 0.5
 # A drafter state is judged at most POOL_MARGIN above the drafter's pooled recent acceptance (all
-# its states together), once that pool holds POOL_MIN_ROUNDS rounds; states whose prior is at
-# least POOL_TRUSTED (long verified copies) are exempt. See Controller.capped_alpha.
+# its states together), once that pool holds POOL_MIN_ROUNDS rounds; trusted states (long verified
+# copies) are exempt. See Controller.capped_alpha.
 POOL_MIN_ROUNDS = 3
 POOL_MARGIN = 0.1
-POOL_TRUSTED = 0.95
 POOL_DECAY = 0.7  # the pool follows the last few rounds: text turns from prose to a copy quickly
 
 
@@ -134,6 +133,25 @@ def candidate_ks(lo: int, hi: int) -> list[int]:
     return grid
 
 
+class State(Protocol):
+    """One of a drafter's states (drafters.NgramState): a draft is judged by its state's record."""
+
+    drafter: str  # the drafter whose states pool together (Controller.pooled)
+
+    @property
+    def trusted(self) -> bool: ...  # evidence of its own: not capped by the pool
+
+
+# What a draft is judged under: a drafter's name (one estimate for the drafter, as for the draft
+# model's "draft") or one of its states.
+Key = Union[str, State]
+
+
+def _pool_of(key: Key) -> str | None:
+    """The drafter whose pooled record the key's rounds feed (None: a drafter without states)."""
+    return None if isinstance(key, str) else key.drafter
+
+
 @dataclass(frozen=True)
 class Choice:
     k: int
@@ -200,7 +218,7 @@ class Controller:
         self.learn_timing = learn_timing
         self.margin = margin
         self.priors = dict(priors or {})
-        self.acceptance: dict[str, Acceptance] = {}
+        self.acceptance: dict[Key, Acceptance] = {}
         self.pooled: dict[str, Acceptance] = {}  # per drafter, all its states together (see capped_alpha)
         # Timing learnt online; checked against the profile's own t(1) when the cost model has one
         # (a profile measured on a busy machine is replaced by the live estimate, see timing.py).
@@ -210,34 +228,34 @@ class Controller:
             reference_v=CostModel(verify=dict(cost.verify), slope=cost.slope).v,
         )
 
-    def estimate(self, key: str, prior: float | None = None) -> Acceptance:
+    def estimate(self, key: Key, prior: float | None = None) -> Acceptance:
         """The acceptance estimate for `key`; a new one starts from the configured prior for the key
         (or its drafter), else from the drafter's own guess for that state, else 0.5."""
         est = self.acceptance.get(key)
         if est is None:
-            base = key.split("/")[0]
-            start = self.priors.get(key, self.priors.get(base, 0.5 if prior is None else prior))
+            fallback = 0.5 if prior is None else prior
+            start = self.priors.get(key, self.priors.get(_pool_of(key), fallback))
             # The prior counts as one run of its own expected length (1/(1 - prior) tokens), so a
             # state believed to copy ~30 tokens at a time is not written off by one early miss.
             est = self.acceptance[key] = Acceptance(prior=start, weight=max(2.0, min(50.0, 1.0 / (1.0 - start))))
         return est
 
-    def capped_alpha(self, key: str, prior: float | None = None) -> float:
+    def capped_alpha(self, key: Key, prior: float | None = None) -> float:
         """The key's acceptance, capped at POOL_MARGIN above its drafter's pooled recent record.
 
-        States are many (28 for the n-gram drafter) and each learns only from its own rounds; one
+        States are many (16 for the n-gram drafter) and each learns only from its own rounds; one
         lucky round (a 12-token shadow that held) makes a weak state look strong for a while. In
         free text every such state's next draft is a loss; the pool, fed by every state, says the
-        text is not copying. States with strong evidence of their own (a 16+-token verified copy
-        run: prior >= POOL_TRUSTED) are not capped."""
+        text is not copying. A trusted state (a verified copy run of 16+ tokens) has strong
+        evidence of its own and is not capped."""
         est = self.estimate(key, prior)
-        base = key.split("/")[0]
-        pooled = self.pooled.get(base)
-        if key == base or est.prior >= POOL_TRUSTED or pooled is None or pooled.rounds < POOL_MIN_ROUNDS:
+        pool = _pool_of(key)
+        pooled = self.pooled.get(pool) if pool is not None else None
+        if pooled is None or key.trusted or pooled.rounds < POOL_MIN_ROUNDS:
             return est.alpha
         return min(est.alpha, pooled.alpha + POOL_MARGIN)
 
-    def choose(self, key: str, draft_cost: float, k_cap: int | None = None, *, prior: float | None = None,
+    def choose(self, key: Key, draft_cost: float, k_cap: int | None = None, *, prior: float | None = None,
                confidence: Sequence[float] | None = None, load: Load | None = None) -> Choice:
         """The K with the most expected tokens per unit time. `confidence[i]` (when given) scales the
         chance of accepting drafted token i on top of the key's per-token rate: a drafter that knows
@@ -287,11 +305,11 @@ class Controller:
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
         return any(speedup(alpha, k, draft_cost, self.cost) >= gain for k in candidate_ks(1, hi))
 
-    def observe(self, key: str, drafted: int, accepted: int, *, prior: float | None = None) -> None:
+    def observe(self, key: Key, drafted: int, accepted: int, *, prior: float | None = None) -> None:
         self.estimate(key, prior).observe(drafted, accepted)
-        base = key.split("/")[0]
-        if base != key:
-            self.pooled.setdefault(base, Acceptance(decay=POOL_DECAY)).observe(drafted, accepted)
+        pool = _pool_of(key)
+        if pool is not None:
+            self.pooled.setdefault(pool, Acceptance(decay=POOL_DECAY)).observe(drafted, accepted)
 
     # ---- timing ----------------------------------------------------------------------
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
@@ -312,8 +330,8 @@ class Controller:
         if self.timing.reference_t1 is not None and not self.timing.stale:
             # A measured profile that this run agrees with: its costs (repeated, interleaved, the
             # fastest of each) are better than one run's passes, whose noise (a slow 64-row batch
-            # now and then) otherwise moved the draft lengths: three identical runs of one copy
-            # prompt here drafted 428, 338 and 450 tokens and ran at 35.7, 22.9 and 29.7 tok/s.
+            # now and then) otherwise moved the draft lengths between identical runs (README,
+            # "Measured on this machine": the hints row before the fix).
             return
         self.cost.verify.update(self.timing.live_verify())
         c = self.timing.live_draft_cost()

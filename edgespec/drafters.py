@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import ClassVar, Protocol, Sequence
 
 import numpy as np
 
@@ -38,12 +38,18 @@ class Model(Protocol):
 class Draft:
     tokens: tuple[int, ...]
     source: str  # "ngram" | "draft"
-    key: str  # the acceptance estimate this draft is judged under
+    # The acceptance estimate this draft is judged under: the drafter's name ("draft"), or the
+    # state it came from (NgramState) when a drafter has several (see Controller).
+    key: str | NgramState
     probs: tuple[np.ndarray, ...] | None = None  # q rows; None means a deterministic proposal
-    prior: float | None = None  # starting acceptance guess for a key not seen before
     # Per drafted token, how much likelier than the key's rate it is to be accepted (1.0 = as likely;
     # a learnt edit seen made once is a guess). None: all 1.0.
     confidence: tuple[float, ...] | None = None
+
+    @property
+    def prior(self) -> float | None:
+        """Starting acceptance guess for a key not seen before (a state's own; None: the controller's)."""
+        return self.key.prior if isinstance(self.key, NgramState) else None
 
 
 EMPTY = Draft((), "none", "none")
@@ -96,23 +102,59 @@ class Substitution:
         return "hazard"
 
 
-# Run-length buckets (tokens copied since the copy last (re)started) and their starting acceptance
-# guesses. A long verified run predicts a long accepted draft; a fresh 1-token match does not.
-# The guesses are per-token acceptance measured on recorded greedy outputs of the built-in prompts
-# (edits: copy runs of 32+ tokens accept 98-99.8%, a copy resumed after an edit 92-96%, an 8-token
-# match anywhere 95%; free text: a match anywhere 69-76%), rounded down; the controller replaces
-# them with what it sees within a few rounds.
+# Run-length buckets: tokens copied since the copy last (re)started, rounded down to one of these.
 RUN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-PRIORS = {
-    "copy": {1: 0.7, 2: 0.8, 4: 0.85, 8: 0.9, 16: 0.96, 32: 0.985, 64: 0.99},
-    "resume": {1: 0.8, 2: 0.85, 4: 0.9, 8: 0.93, 16: 0.96, 32: 0.985, 64: 0.99},
-    "find": {1: 0.2, 2: 0.4, 4: 0.7, 8: 0.88, 16: 0.95, 32: 0.985, 64: 0.99},
-    "edit": 0.6,
-}
+# A copy run this long is a long copy: its state is "copy" whatever found it, after an edit it is
+# resumed as the same copy, and it is trusted on its own record (NgramState.trusted).
+LONG_RUN = 16
 
 
 def run_bucket(run: int) -> int:
     return RUN_BUCKETS[max(0, bisect_left(RUN_BUCKETS, run + 1) - 1)] if run >= 1 else 1
+
+
+# The states NgramDrafter._copy_draft and propose() can produce, each with its starting acceptance
+# guess. A long verified run predicts a long accepted draft; a fresh 1-token match does not.
+# "copy": a run of LONG_RUN+ tokens, or one found next to where the last copy broke;
+# "resume": that, shorter than LONG_RUN, after a copy that had been long; "find": a match found
+# anywhere, shorter than LONG_RUN; "edit": just after a divergence, guessing it was a substitution.
+# The guesses are per-token acceptance measured on recorded greedy outputs of the built-in prompts
+# (see README), rounded down; the controller replaces them with what it sees within a few rounds.
+PRIORS: dict[tuple[str, int | None], float] = {
+    **{("copy", r): p for r, p in zip(RUN_BUCKETS, (0.7, 0.8, 0.85, 0.9, 0.96, 0.985, 0.99))},
+    **{("resume", r): p for r, p in zip(RUN_BUCKETS[:4], (0.8, 0.85, 0.9, 0.93))},
+    **{("find", r): p for r, p in zip(RUN_BUCKETS[:4], (0.2, 0.4, 0.7, 0.88))},
+    ("edit", None): 0.6,
+}
+
+
+@dataclass(frozen=True)
+class NgramState:
+    """Which state of the n-gram drafter a proposal came from: that, not the drafter as a whole,
+    predicts how much of it the target accepts. Only the states in PRIORS exist."""
+
+    kind: str  # "copy" | "resume" | "find" | "edit"
+    run: int | None = None  # the run bucket (RUN_BUCKETS); None for "edit"
+    drafter: ClassVar[str] = "ngram"  # whose states pool together in the controller
+
+    def __post_init__(self):
+        if (self.kind, self.run) not in PRIORS:
+            raise ValueError(f"the n-gram drafter has no state {self.kind!r} with run {self.run!r}")
+
+    @property
+    def prior(self) -> float:
+        return PRIORS[(self.kind, self.run)]
+
+    @property
+    def trusted(self) -> bool:
+        """A long verified copy: evidence of its own, so the drafter's pooled record does not cap it."""
+        return self.kind == "copy" and self.run >= LONG_RUN
+
+    def __str__(self) -> str:
+        return f"ngram/{self.kind}" if self.run is None else f"ngram/{self.kind}/r{self.run}"
+
+
+EDIT = NgramState("edit")
 
 
 class NgramDrafter:
@@ -132,7 +174,9 @@ class NgramDrafter:
     CONFIRM = 3  # tokens the copy must resume for before an edit is learnt
     SUB_MAX = 8  # longest source or replacement span learnt as a substitution
     EDIT_GUESS = 3  # tokens after a divergence during which the copy is guessed to go on (substitution)
-    WEAK_FIND = 4  # a match found anywhere that held for fewer tokens does not move the divergence point
+    # A match found anywhere that held for fewer tokens is a guess: it does not move the divergence
+    # point, and just after an edit the edit's own guess is proposed before it.
+    WEAK_FIND = 4
     GUESS_RUN = 8  # a match found anywhere must have held this long for its break to be guessed as an edit
 
     def __init__(self, n_min: int = 1, n_max: int = 4):
@@ -187,39 +231,55 @@ class NgramDrafter:
         """Token i was appended: advance the copy, or note a divergence and look for the copy again."""
         t = self._ctx[i]
         if self._queue:  # inside a learnt edit's replacement
-            if self._queue[0] == t:
-                self._queue.pop(0)
-                self.run += 1
-                if not self._queue:
-                    self._in_sub.hits += 1
-                    self.pointer = self._after_queue
+            if self._follow_replacement(t):
                 return
-            self._queue = []
-            self._in_sub.other += 1
         elif self.pointer is not None and self.pointer < i:
-            p = self.pointer
-            sub = self._sub_at(p)
-            keeps = self._ctx[p] == t
-            # Follow the learnt edit when the output does (the source's own token first if the edit is off).
-            if sub is not None and sub.repl[0] == t and (sub.state != "keep" or not keeps):
-                self.run += 1
-                if len(sub.repl) > 1:
-                    self._queue, self._after_queue, self._in_sub = list(sub.repl[1:]), p + len(sub.src), sub
-                else:
-                    sub.hits += 1
-                    self.pointer = p + len(sub.src)
+            if self._follow_copy(t):
                 return
-            if keeps:
-                if sub is not None:
-                    sub.kept += 1
-                self.pointer = p + 1
-                self.run += 1
-                if self._pending is not None and self.run >= self.CONFIRM:
-                    self._learn(self._pending)
-                    self._pending = None
-                return
+        self._diverged(i)
+
+    def _follow_replacement(self, t: int) -> bool:
+        """Whether token t is the next one of the replacement being followed."""
+        if self._queue[0] == t:
+            self._queue.pop(0)
+            self.run += 1
+            if not self._queue:
+                self._in_sub.hits += 1
+                self.pointer = self._after_queue
+            return True
+        self._queue = []
+        self._in_sub.other += 1
+        return False
+
+    def _follow_copy(self, t: int) -> bool:
+        """Whether token t goes on with the copy at the pointer (as it is, or as a learnt edit)."""
+        p = self.pointer
+        sub = self._sub_at(p)
+        keeps = self._ctx[p] == t
+        # Follow the learnt edit when the output does (the source's own token first if the edit is off).
+        if sub is not None and sub.repl[0] == t and (sub.state != "keep" or not keeps):
+            self.run += 1
+            if len(sub.repl) > 1:
+                self._queue, self._after_queue, self._in_sub = list(sub.repl[1:]), p + len(sub.src), sub
+            else:
+                sub.hits += 1
+                self.pointer = p + len(sub.src)
+            return True
+        if keeps:
             if sub is not None:
-                sub.other += 1
+                sub.kept += 1
+            self.pointer = p + 1
+            self.run += 1
+            if self._pending is not None and self.run >= self.CONFIRM:
+                self._learn(self._pending)
+                self._pending = None
+            return True
+        if sub is not None:
+            sub.other += 1
+        return False
+
+    def _diverged(self, i: int) -> None:
+        """Token i broke the copy (or there was none): remember where, and look for it again."""
         if self.pointer is not None and self.run > 0:
             # A short match found anywhere that fails is a wrong guess, not where the copy broke:
             # keep the last real divergence, so the copy can still be found again near it (a
@@ -229,8 +289,8 @@ class NgramDrafter:
                 self._div = (self.pointer, i)
                 # only a break in a copy that had really held is worth guessing the edit of
                 self._div_guess = self.origin == "copy" or self.run >= self.GUESS_RUN
-            if self.origin == "copy" or self.run >= 16:
-                self.prev_run = max(self.run, self.prev_run if self.run < 16 else 0)
+            if self.origin == "copy" or self.run >= LONG_RUN:
+                self.prev_run = max(self.run, self.prev_run if self.run < LONG_RUN else 0)
         self._pending = None
         self.run = 0
         self._resync(i)
@@ -309,31 +369,30 @@ class NgramDrafter:
             return EMPTY
         self._update(context)
         copying = self.pointer is not None and self.run >= 1
-        if copying and (self.origin == "copy" or self.run >= 4):
+        if copying and (self.origin == "copy" or self.run >= self.WEAK_FIND):
             return self._copy_draft(max_len)
         if self._div is not None and self._div_guess:
             p_div, o_div = self._div
             since = len(self._ctx) - o_div
             if since <= self.EDIT_GUESS:
                 # Just after an edit: guess that it replaced as many tokens as it wrote, and go on copying.
-                return _ngram(*self.continuation(p_div + since, max_len), "ngram/edit", PRIORS["edit"])
+                return _ngram(*self.continuation(p_div + since, max_len), EDIT)
         return self._copy_draft(max_len) if copying else EMPTY
 
     def _copy_draft(self, max_len: int) -> Draft:
         start = self._after_queue if self._queue else self.pointer
         tokens, confidence = self.continuation(start, max_len, self._queue)
-        bucket = run_bucket(self.run)
-        if self.run >= 16:
+        if self.run >= LONG_RUN:
             kind = "copy"
-        elif self.origin == "copy" and self.prev_run >= 16:
+        elif self.origin == "copy" and self.prev_run >= LONG_RUN:
             kind = "resume"  # the same long copy, picked up again after an edit
         else:
             kind = self.origin
-        return _ngram(tokens, confidence, f"ngram/{kind}/r{bucket}", PRIORS[kind][bucket])
+        return _ngram(tokens, confidence, NgramState(kind, run_bucket(self.run)))
 
 
-def _ngram(tokens: tuple[int, ...], confidence: tuple[float, ...] | None, key: str, prior: float) -> Draft:
-    return Draft(tokens, "ngram", key, prior=prior, confidence=confidence) if tokens else EMPTY
+def _ngram(tokens: tuple[int, ...], confidence: tuple[float, ...] | None, state: NgramState) -> Draft:
+    return Draft(tokens, "ngram", state, confidence=confidence) if tokens else EMPTY
 
 
 def _nearest(ends: list[int], target: int) -> int:

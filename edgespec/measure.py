@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .controller import Acceptance, CostModel, speedup
-from .models import NullProgress
+from .progress import NullProgress
 
 # Batch sizes timed. Fast kernels: small batches one by one (where v(k) bends), then the large
 # batches long copy drafts need. Exact kernels verify at most 7 rows, so nothing above 8 is used.

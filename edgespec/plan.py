@@ -16,21 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from edgespec.config import KV_CACHE_TYPES
 from edgespec.errors import ConfigError, ModelFileError, PlanError
 from edgespec.hardware import GiB, MiB, GPUInfo, HardwareInfo
-
-# Bytes per element of each KV cache type (ggml block sizes: q8_0 = 34 bytes per 32, ...).
-KV_BYTES_PER_ELEM: dict[str, float] = {
-    "f32": 4.0,
-    "f16": 2.0,
-    "bf16": 2.0,
-    "q8_0": 34 / 32,
-    "q5_1": 24 / 32,
-    "q5_0": 22 / 32,
-    "q4_1": 20 / 32,
-    "q4_0": 18 / 32,
-    "iq4_nl": 18 / 32,
-}
 
 DEFAULT_CTX = 8192
 MIN_AUTO_CTX = 2048
@@ -102,9 +90,9 @@ class ModelShape:
 
     @classmethod
     def from_gguf(cls, info: Any) -> ModelShape:
-        # Vocabulary size feeds only the compute-buffer estimate; when the header reader does not
-        # expose it, assume a large modern vocabulary (Qwen's 152k) so the estimate errs high.
-        n_vocab = getattr(info, "n_vocab", None) or getattr(info, "vocab_size", None) or 152064
+        # Vocabulary size feeds only the compute-buffer estimate; when the header does not tell it
+        # (GGUFInfo.n_vocab None), assume a large modern vocabulary (Qwen's 152k) so the estimate errs high.
+        n_vocab = getattr(info, "n_vocab", None) or 152064
         return cls(
             name=info.name or _stem(getattr(info, "path", None)),
             n_layers=info.n_layers,
@@ -148,10 +136,10 @@ def _has_tied_output(info: Any) -> bool:
 
 def kv_bytes_per_elem(type_name: str) -> float:
     try:
-        return KV_BYTES_PER_ELEM[type_name]
+        return KV_CACHE_TYPES[type_name].bytes_per_elem
     except KeyError:
         raise ConfigError(
-            f"unknown KV cache type {type_name!r}; use one of {', '.join(KV_BYTES_PER_ELEM)}"
+            f"unknown KV cache type {type_name!r}; use one of {', '.join(KV_CACHE_TYPES)}"
         ) from None
 
 
@@ -649,9 +637,9 @@ def _alternatives(request: _Request, best: _Joint, fixed_ctx: bool) -> list[str]
             c //= 2
         if c >= MIN_AUTO_CTX:
             options.append(f"a context of {c} tokens")
-    current = min(KV_BYTES_PER_ELEM[request.type_k], KV_BYTES_PER_ELEM[request.type_v])
+    current = min(kv_bytes_per_elem(request.type_k), kv_bytes_per_elem(request.type_v))
     for kv in ("q8_0", "q4_0"):
-        if KV_BYTES_PER_ELEM[kv] < current and request.place(best.n_ctx, kv, kv).feasible:
+        if kv_bytes_per_elem(kv) < current and request.place(best.n_ctx, kv, kv).feasible:
             options.append(f"KV cache type {kv}")
             break
     if request.draft is not None and request.place(best.n_ctx, with_draft=False).feasible:

@@ -14,8 +14,11 @@ import click
 from ..chat import BLOCK, ChatSession, Notice, SessionTotals
 from .root import CONTEXT, cli
 from .options import model_options, open_engine, sampling_config, sampling_options, spec_config
-from ..errors import ContextError, EdgespecError, InputError
+from ..errors import ContextError, EdgespecError
 from ..generate import Chunk, Final, GenerationStats
+from ..render import stderr_console, stdout_console
+from ..render.chat import RichChatView, banner
+from ..timing import STALE_MESSAGE
 
 PROMPT = "you> "
 CONTINUATION = "...> "
@@ -35,11 +38,6 @@ def chat(system, load_file, show_drafts, no_trim, quiet, **kw):
     Type /help inside for commands (/stats, /reset, /system, /save, /load, /exit) and multi-line
     input. Ctrl-C stops an answer, Ctrl-D leaves.
     """
-    from ..render import stderr_console, stdout_console
-    from ..render.chat import RichChatView, banner
-
-    if kw["max_tokens"] < 1:
-        raise InputError(f"--max-tokens must be >= 1 (got {kw['max_tokens']})")
     spec = spec_config(kw)
     resolved, engine = open_engine(kw, spec)
     err = stderr_console()
@@ -220,8 +218,6 @@ def _turn(session: ChatSession, view: ChatView, text: str) -> None:
     view.answer_end(final)
     timing = getattr(getattr(getattr(session, "engine", None), "last_controller", None), "timing", None)
     if timing is not None and timing.take_notice():
-        from ..timing import STALE_MESSAGE
-
         view.notice(STALE_MESSAGE)
     if sigint.hits > 1:
         # The second Ctrl-C may have landed anywhere, even between a decode and its bookkeeping.

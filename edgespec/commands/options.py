@@ -4,8 +4,38 @@ from __future__ import annotations
 
 import click
 
-from ..config import KV_TYPES, SPEC_MODES, LoadConfig, SpecConfig, parse_rpc
+from .. import session
+from ..config import DEFAULT_DRAFT_MAX, KV_TYPES, MAX_DRAFT, SPEC_MODES, LoadConfig, SpecConfig, parse_rpc
+from ..errors import ConfigError
+from ..hardware import parse_size_option
+from ..render import stderr_console
+from ..render.common import RichProgress
 from ..sampling import SamplingConfig
+
+
+# ---- option types ------------------------------------------------------------------------------
+class AtLeast(click.types.IntParamType):
+    """An integer option with a lower bound, checked as click parses it (flag or EDGESPEC_* variable).
+
+    Below the bound it is the one-line `error: --max-tokens must be >= 1 (got 0)` of the error
+    boundary (exit 2), as the commands said before the check moved here; a non-integer is click's
+    own usage error."""
+
+    def __init__(self, minimum: int):
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number < self.minimum:
+            flag = max(param.opts, key=len) if param is not None else "value"
+            raise ConfigError(f"{flag} must be >= {self.minimum} (got {number})")
+        return number
+
+    def __repr__(self) -> str:
+        return f"AtLeast({self.minimum})"
+
+
+POSITIVE = AtLeast(1)
 
 # ---- shared options ----------------------------------------------------------------------------
 def model_options(fn):
@@ -16,7 +46,8 @@ def model_options(fn):
         click.option("--spec", "spec_mode", type=click.Choice(SPEC_MODES), default="auto", show_default=True, envvar="EDGESPEC_SPEC",
                      help="Speculation: auto picks and switches drafters by measured cost; off is plain decoding."),
         click.option("--draft-max", type=int, envvar="EDGESPEC_DRAFT_MAX",
-                     help="Most tokens drafted per round (default: the longest verify batch the profile measured, up to 64; 16 without a profile)."),
+                     help=f"Most tokens drafted per round (default: the longest verify batch the profile measured, "
+                          f"up to {MAX_DRAFT}; {DEFAULT_DRAFT_MAX} without a profile)."),
         click.option("--draft-min", type=int, default=1, show_default=True, envvar="EDGESPEC_DRAFT_MIN", help="Fewest tokens worth drafting."),
         click.option("--draft-p-min", type=float, default=0.5, show_default=True, envvar="EDGESPEC_DRAFT_P_MIN",
                      help="Stop drafting when the draft model's top probability falls below this."),
@@ -37,8 +68,6 @@ def model_options(fn):
                           "(slower: no weight repacking or flash attention, verify batches of at most 7 rows). "
                           "Default: llama.cpp's fast kernels, where speculative output can differ from plain "
                           "decoding only at near-ties."),
-        # The default since kernels went fast-by-default; kept so old scripts keep working.
-        click.option("--fast-kernels", is_flag=True, hidden=True, envvar="EDGESPEC_FAST_KERNELS"),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -47,7 +76,7 @@ def model_options(fn):
 
 def sampling_options(fn):
     opts = [
-        click.option("-n", "--max-tokens", type=int, default=512, show_default=True, envvar="EDGESPEC_MAX_TOKENS"),
+        click.option("-n", "--max-tokens", type=POSITIVE, default=512, show_default=True, envvar="EDGESPEC_MAX_TOKENS"),
         click.option("--temperature", "--temp", type=float, default=0.0, show_default=True, envvar="EDGESPEC_TEMPERATURE",
                      help="0 is greedy (output identical to plain decoding)."),
         click.option("--top-k", type=int, default=40, show_default=True),
@@ -62,8 +91,9 @@ def sampling_options(fn):
     return fn
 
 
-def spec_config(kw) -> SpecConfig:
-    return SpecConfig(mode=kw["spec_mode"], draft_min=kw["draft_min"], draft_max=kw["draft_max"], draft_p_min=kw["draft_p_min"])
+def spec_config(kw, *, mode: str | None = None) -> SpecConfig:
+    """From the flags; `mode` in place of --spec where a command decides it (bench)."""
+    return SpecConfig(mode=mode or kw["spec_mode"], draft_min=kw["draft_min"], draft_max=kw["draft_max"], draft_p_min=kw["draft_p_min"])
 
 
 def sampling_config(kw) -> SamplingConfig:
@@ -74,10 +104,7 @@ def sampling_config(kw) -> SamplingConfig:
 
 
 def load_config(kw, spec: SpecConfig) -> LoadConfig:
-    from ..hardware import parse_size_option
-    from ..session import choose_models
-
-    choice = choose_models(kw["model"], kw["model_draft"], kw["pair"], spec)
+    choice = session.choose_models(kw["model"], kw["model_draft"], kw["pair"], spec)
     return LoadConfig(
         target=choice.target, draft=choice.draft, n_ctx=kw["ctx_size"], threads=kw["threads"],
         threads_draft=kw["threads_draft"], n_gpu_layers=kw["n_gpu_layers"], n_gpu_layers_draft=kw["n_gpu_layers_draft"],
@@ -88,26 +115,18 @@ def load_config(kw, spec: SpecConfig) -> LoadConfig:
 
 
 def kernel_kind(kw) -> str:
-    """"exact" with --exact, else "fast" (llama.cpp's default kernels); --fast-kernels is the old name of the default."""
-    if kw.get("exact") and kw.get("fast_kernels"):
-        from ..errors import ConfigError
-
-        raise ConfigError("--exact and --fast-kernels contradict each other; pass one")
+    """"exact" with --exact, else "fast" (llama.cpp's default kernels)."""
     return "exact" if kw.get("exact") else "fast"
 
 
 def open_engine(kw, spec: SpecConfig, *, quiet: bool = False):
     """Resolve (downloading if needed), plan and load; warnings go to stderr."""
-    from ..render import stderr_console
-    from ..render.common import RichProgress
-    from ..session import open_engine as _open, resolve
-
     err = stderr_console()
-    resolved = resolve(load_config(kw, spec), spec, progress=RichProgress(err),
+    resolved = session.resolve(load_config(kw, spec), spec, progress=RichProgress(err),
                        kernels=kernel_kind(kw))
     if not quiet:
         for w in resolved.plan.warnings + resolved.warnings:
             err.print(f"[yellow]warning:[/] {w}")
-    return resolved, _open(resolved, spec, exact=kw["exact"])
+    return resolved, session.open_engine(resolved, spec, exact=kw["exact"])
 
 

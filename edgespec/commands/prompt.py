@@ -8,6 +8,10 @@ import sys
 import click
 
 from ..errors import InputError
+from ..generate import Chunk, Final
+from ..render import stderr_console, stdout_console
+from ..render.common import footer, print_stale_notice, styled
+from ..template import Message
 from .options import model_options, open_engine, sampling_config, sampling_options, spec_config
 from .root import CONTEXT, cli
 
@@ -43,15 +47,8 @@ def prompt(text, system, raw, as_json, quiet, show_drafts, **kw):
     edgespec prompt "Write a haiku about caches"
     echo "def add(a, b):" | edgespec prompt --raw -n 64
     """
-    from ..generate import Chunk, Final
-    from ..render import stderr_console, stdout_console
-    from ..render.common import footer, print_stale_notice, styled
-    from ..template import Message
-
     text = read_prompt(text)
     spec, sampling = spec_config(kw), sampling_config(kw)
-    if kw["max_tokens"] < 1:
-        raise InputError(f"--max-tokens must be >= 1 (got {kw['max_tokens']})")
     _, engine = open_engine(kw, spec, quiet=quiet or as_json)
     out, err = stdout_console(), stderr_console()
     with engine:

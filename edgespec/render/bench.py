@@ -5,10 +5,14 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ..bench import Aggregate, BenchResult, Progress
+from ..bench.results import BenchResult
+from ..bench.runner import BenchEvent
+from ..bench.stats import Aggregate
+from ..config import Mode
+from ..timing import STALE_MESSAGE
 
 
-def progress_line(p: Progress) -> str | None:
+def progress_line(p: BenchEvent) -> str | None:
     """A line for a finished run (None for 'about to start' events)."""
     if p.run is None:
         return None
@@ -16,10 +20,6 @@ def progress_line(p: Progress) -> str | None:
     acc = f", accepted {s.accepted}/{s.drafted}" if s.drafted else ""
     rep = f" #{p.repeat + 1}" if p.repeat else ""
     return f"[{p.index}/{p.total}] {p.prompt_id}{rep} {p.mode}: {s.tokens} tokens, {s.tokens_per_s:.1f} tok/s{acc}"
-
-
-def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
 def _pm(v: float | None, bounds: tuple[float, float] | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
@@ -36,7 +36,7 @@ def _pm(v: float | None, bounds: tuple[float, float] | None, spec: str, scale: f
 def _speed(mode: str, sp: float | None, bounds: tuple[float, float] | None) -> str:
     if sp is None:
         return "-"
-    if mode == "off":
+    if mode == Mode.OFF:
         return f"{sp:.2f}x"
     if bounds is None:  # a single repeat: no spread to judge by
         return f"[green]{sp:.2f}x[/]" if sp >= 1.03 else f"[red]{sp:.2f}x[/]" if sp < 0.97 else f"{sp:.2f}x"
@@ -104,14 +104,26 @@ def render_results(out: Console, err: Console, result: BenchResult) -> None:
     for note in result.notes:
         err.print(f"[yellow]note:[/] {note}")
     if result.profile_stale:
-        from ..timing import STALE_MESSAGE
-
         err.print(STALE_MESSAGE, style="dim", highlight=False)
     if not out.is_terminal:  # a pipe or a README capture: do not squeeze the table into 80 columns
         out = Console(file=out.file, width=max(out.width, 140), highlight=False, color_system=None)
     out.print(results_table(result))
     if result.verified:
         render_verify(out, result)
+
+
+def print_event(err: Console, e: BenchEvent) -> None:
+    """The command's stderr line for a bench event (some events have none)."""
+    if e.phase == "warmup":
+        line = "warming up..." if e.index == 1 else None
+    elif e.phase == "verify" and e.run is None:
+        line = f"verify (greedy) {e.index}/{e.total}: {e.prompt_id} {e.mode}"
+    elif e.phase == "margins":
+        line = f"verify: plain run of {e.prompt_id} again for its logit margins ({e.index}/{e.total})"
+    else:
+        line = progress_line(e)
+    if line:
+        err.print(line, style="dim")
 
 
 def _difference_line(d, result: BenchResult) -> str:

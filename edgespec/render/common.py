@@ -225,7 +225,7 @@ def doctor_model_table(path, info) -> Table:
 
 
 class RichProgress:
-    """The models.Progress protocol on a Rich progress bar (stderr)."""
+    """The progress.Progress protocol on a Rich progress bar (stderr)."""
 
     def __init__(self, console: Console | None = None):
         self._progress = Progress(

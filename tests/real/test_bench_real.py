@@ -61,7 +61,7 @@ def test_bench_default_pair_verify_json(tmp_path):
 def test_bench_fast_kernels_verify_reports_margins_and_repeats(tmp_path):
     """Default (fast) kernels: divergences from plain decoding may happen, each judged by the plain
     run's top-2 logit margin; the exit code follows that verdict. Every repeat is in --json."""
-    from edgespec.bench import NEAR_TIE_LOGIT
+    from edgespec.bench.results import NEAR_TIE_LOGIT
 
     f = tmp_path / "tiny.jsonl"
     f.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))

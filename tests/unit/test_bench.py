@@ -8,8 +8,11 @@ import json
 import pytest
 from rich.console import Console
 
-from edgespec import bench as lib
-from edgespec.bench import BenchPrompt, BenchResult, Run
+from edgespec.bench.prompts import (BenchPrompt, filter_categories, load_prompts, parse_modes, parse_prompts,
+                                    runnable_modes, split_list)
+from edgespec.bench.results import NEAR_TIE_LOGIT, BenchResult, compare_runs, first_difference, verify_runs
+from edgespec.bench.runner import BenchEvent, run_bench
+from edgespec.bench.stats import Run, aggregate, measure, median, speedup, speedup_overlaps_one
 from edgespec.config import SpecConfig
 from edgespec.controller import CostModel
 from edgespec.engine import Engine
@@ -28,7 +31,7 @@ def test_parse_good_file_with_optional_fields_comments_and_blank_lines():
         "# a comment",
         '{"id": "b", "category": "edit", "prompt": "fix", "system": "be brief", "max_tokens": 32, "extra": 1}',
     ])
-    ps = lib.parse_prompts(text, "set.jsonl")
+    ps = parse_prompts(text, "set.jsonl")
     assert ps == [BenchPrompt("a", "free", "hi"), BenchPrompt("b", "edit", "fix", "be brief", 32)]
 
 
@@ -50,24 +53,24 @@ def test_parse_good_file_with_optional_fields_comments_and_blank_lines():
 def test_parse_errors_name_the_line(line, message):
     text = '{"id": "a", "category": "free", "prompt": "hi"}\n' + line + "\n"
     with pytest.raises(InputError) as exc:
-        lib.parse_prompts(text, "set.jsonl")
+        parse_prompts(text, "set.jsonl")
     assert exc.value.message.startswith(message)
     assert "\n" not in exc.value.message
 
 
 def test_empty_file_and_unreadable_files(tmp_path):
     with pytest.raises(InputError, match="no prompts"):
-        lib.parse_prompts("\n# only a comment\n", "e.jsonl")
+        parse_prompts("\n# only a comment\n", "e.jsonl")
     with pytest.raises(InputError, match="cannot read"):
-        lib.load_prompts(tmp_path / "missing.jsonl")
+        load_prompts(tmp_path / "missing.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"id": "a", "category": "c", "prompt": "p"}\n{"id": "\xff"}\n')
     with pytest.raises(InputError, match=r"bad.jsonl:2: not valid UTF-8"):
-        lib.load_prompts(bad)
+        load_prompts(bad)
 
 
 def test_builtin_set_covers_free_code_and_grounded_prompts():
-    ps = lib.load_prompts(None)
+    ps = load_prompts(None)
     cats = {p.category for p in ps}
     assert {"free", "code", "edit", "extract"} <= cats
     grounded = [p for p in ps if p.category == "edit"]
@@ -77,15 +80,15 @@ def test_builtin_set_covers_free_code_and_grounded_prompts():
 
 def test_category_filter_and_modes():
     ps = [BenchPrompt("a", "free", "x"), BenchPrompt("b", "edit", "y")]
-    assert [p.id for p in lib.filter_categories(ps, lib.split_list(["edit"]))] == ["b"]
-    assert lib.filter_categories(ps, []) == ps
+    assert [p.id for p in filter_categories(ps, split_list(["edit"]))] == ["b"]
+    assert filter_categories(ps, []) == ps
     with pytest.raises(InputError, match="unknown nope"):
-        lib.filter_categories(ps, ["nope"])
-    assert lib.parse_modes("ngram, auto") == ["off", "ngram", "auto"]  # the baseline always runs, first
-    assert lib.parse_modes("auto,off,auto") == ["off", "auto"]
+        filter_categories(ps, ["nope"])
+    assert parse_modes("ngram, auto") == ["off", "ngram", "auto"]  # the baseline always runs, first
+    assert parse_modes("auto,off,auto") == ["off", "auto"]
     with pytest.raises(InputError, match="unknown mode 'fast'"):
-        lib.parse_modes("off,fast")
-    keep, skipped = lib.runnable_modes(["off", "draft", "ngram", "combined", "auto"], has_draft=False)
+        parse_modes("off,fast")
+    keep, skipped = runnable_modes(["off", "draft", "ngram", "combined", "auto"], has_draft=False)
     assert keep == ["off", "ngram", "auto"] and [s["mode"] for s in skipped] == ["draft", "combined"]
 
 
@@ -104,19 +107,19 @@ def run(pid, mode, st, rep=0, cat="c", tokens=(1, 2, 3)):
 
 
 def test_median_and_speedup():
-    assert lib.median([3, 1, 2]) == 2
-    assert lib.median([4, 1, 2, 3]) == 2.5
+    assert median([3, 1, 2]) == 2
+    assert median([4, 1, 2, 3]) == 2.5
     with pytest.raises(ValueError):
-        lib.median([])
-    assert lib.speedup(30.0, 15.0) == 2.0
-    assert lib.speedup(30.0, None) is None and lib.speedup(0.0, 10.0) is None
+        median([])
+    assert speedup(30.0, 15.0) == 2.0
+    assert speedup(30.0, None) is None and speedup(0.0, 10.0) is None
 
 
 def test_measure_takes_medians_over_repeats_and_adds_draft_prefill_to_ttft():
     runs = [run("a", "ngram", stats(tps=t, drafted=8, accepted=a, rounds=r, ttft=f), rep=i)
             for i, (t, a, r, f) in enumerate([(10, 4, 6, 100), (30, 6, 4, 300), (20, 5, 5, 200)])]
     runs[0] = Run("a", "c", "ngram", 0, runs[0].stats, (), extra_prefill_ms=1000.0)
-    m = lib.measure(runs)
+    m = measure(runs)
     assert m.tokens_per_s == 20 and m.repeats == 3
     assert m.accepted == 5 and m.drafted == 8 and m.acceptance_rate == 5 / 8
     assert m.mean_accepted_per_pass == 10 / 5
@@ -125,14 +128,14 @@ def test_measure_takes_medians_over_repeats_and_adds_draft_prefill_to_ttft():
 
 
 def test_aggregate_pools_time_and_tokens():
-    slow = lib.measure([run("a", "off", stats(tokens=10, tps=10))])  # 1 s
-    fast = lib.measure([run("b", "off", stats(tokens=30, tps=30))])  # 1 s
-    agg = lib.aggregate([slow, fast])
+    slow = measure([run("a", "off", stats(tokens=10, tps=10))])  # 1 s
+    fast = measure([run("b", "off", stats(tokens=30, tps=30))])  # 1 s
+    agg = aggregate([slow, fast])
     assert agg.tokens == 40 and agg.gen_s == pytest.approx(2.0) and agg.tokens_per_s == pytest.approx(20.0)
     assert agg.speedup is None and agg.acceptance_rate is None
-    spec = [lib.measure([run("a", "ngram", stats(tokens=10, tps=20, drafted=10, accepted=5, rounds=5))]),
-            lib.measure([run("b", "ngram", stats(tokens=30, tps=60, drafted=30, accepted=20, rounds=10))])]
-    agg2 = lib.aggregate(spec, [slow, fast])
+    spec = [measure([run("a", "ngram", stats(tokens=10, tps=20, drafted=10, accepted=5, rounds=5))]),
+            measure([run("b", "ngram", stats(tokens=30, tps=60, drafted=30, accepted=20, rounds=10))])]
+    agg2 = aggregate(spec, [slow, fast])
     assert agg2.speedup == pytest.approx(2.0)
     assert agg2.acceptance_rate == pytest.approx(25 / 40)
     assert agg2.mean_accepted_per_pass == pytest.approx(40 / 15)
@@ -159,7 +162,7 @@ def test_result_summary_per_category_and_json_shape():
     assert row["speedup"] == 2.0 and row["acceptance_rate"] == 0.5 and row["mean_accepted_per_pass"] == 2.0
     for key in ("tokens_per_s", "ttft_ms", "latency_p50_ms", "latency_p95_ms", "tokens"):
         assert key in row and key in data["overall"]["ngram"]
-    assert data["verify"] == {"checked": False, "ok": None, "exact": False, "near_tie_logit": lib.NEAR_TIE_LOGIT,
+    assert data["verify"] == {"checked": False, "ok": None, "exact": False, "near_tie_logit": NEAR_TIE_LOGIT,
                               "differences": []}
     assert row["runs"] == [{"repeat": 0, "tokens": 10, "tokens_per_s": 40.0, "speedup": 2.0, "ttft_ms": 100.0,
                             "latency_p50_ms": 50.0, "latency_p95_ms": 80.0, "drafted": 10, "accepted": 5,
@@ -168,12 +171,12 @@ def test_result_summary_per_category_and_json_shape():
 
 # ---- verification -----------------------------------------------------------------------------
 def test_first_difference():
-    assert lib.first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert lib.first_difference([1, 2, 3], [1, 5, 3]) == 1
-    assert lib.first_difference([1, 2, 3], [1, 2]) == 2
-    assert lib.first_difference([], []) is None
-    assert lib.compare_runs([1, 2], [1, 2, 7]) == (2, None, 7)
-    assert lib.compare_runs([4], [5]) == (0, 4, 5)
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+    assert first_difference([], []) is None
+    assert compare_runs([1, 2], [1, 2, 7]) == (2, None, 7)
+    assert compare_runs([4], [5]) == (0, 4, 5)
 
 
 def test_verify_runs_compares_every_run_to_the_first_plain_run():
@@ -186,7 +189,7 @@ def test_verify_runs_compares_every_run_to_the_first_plain_run():
         run("b", "off", s, tokens=(5,)),
         run("b", "auto", s, tokens=(5,)),
     ]
-    diffs = lib.verify_runs(runs)
+    diffs = verify_runs(runs)
     assert [(d.prompt_id, d.mode, d.repeat, d.position, d.plain_token, d.spec_token) for d in diffs] == [
         ("a", "draft", 0, 2, 3, 9),
         ("a", "off", 1, 3, 4, None),
@@ -241,8 +244,8 @@ PROMPTS = [BenchPrompt("p1", "free", "abcab"), BenchPrompt("p2", "edit", "hello 
 def test_run_bench_on_fakes_verifies_and_isolates_runs():
     eng = FakeEngine()
     seen = []
-    res = lib.run_bench(eng, PROMPTS, ["off", "draft", "ngram", "combined", "auto"], SamplingConfig(),
-                        repeats=2, max_tokens=16, verify=True, on_progress=seen.append)
+    res = run_bench(eng, PROMPTS, ["off", "draft", "ngram", "combined", "auto"], SamplingConfig(),
+                        repeats=2, max_tokens=16, verify=True, on_event=seen.append)
     assert res.modes == ["off", "draft", "ngram", "combined", "auto"] and not res.skipped
     assert len(res.runs) == 2 * 2 * 5
     assert res.verified and res.verify_ok, res.differences
@@ -261,7 +264,7 @@ def test_run_bench_on_fakes_verifies_and_isolates_runs():
 
 def test_run_bench_without_draft_skips_draft_modes():
     eng = FakeEngine(with_draft=False)
-    res = lib.run_bench(eng, PROMPTS[:1], ["off", "draft", "combined", "auto"], SamplingConfig(), max_tokens=8, warmup=False)
+    res = run_bench(eng, PROMPTS[:1], ["off", "draft", "combined", "auto"], SamplingConfig(), max_tokens=8, warmup=False)
     assert res.modes == ["off", "auto"]
     assert [s["mode"] for s in res.skipped] == ["draft", "combined"]
     assert res.notes and "without a draft model" in res.notes[0]
@@ -269,7 +272,7 @@ def test_run_bench_without_draft_skips_draft_modes():
 
 def test_run_bench_sampled_timing_verifies_on_greedy_runs():
     eng = FakeEngine()
-    res = lib.run_bench(eng, PROMPTS[:1], ["off", "ngram"], SamplingConfig(temperature=0.8, seed=1),
+    res = run_bench(eng, PROMPTS[:1], ["off", "ngram"], SamplingConfig(temperature=0.8, seed=1),
                         max_tokens=8, verify=True, warmup=False)
     assert len(res.runs) == 2 and res.verified and res.verify_ok
 
@@ -285,7 +288,7 @@ def test_run_bench_reports_a_broken_mode():
             yield item
 
     eng.stream = broken.__get__(eng)
-    res = lib.run_bench(eng, PROMPTS[:1], ["off", "ngram"], SamplingConfig(), max_tokens=8, verify=True, warmup=False,
+    res = run_bench(eng, PROMPTS[:1], ["off", "ngram"], SamplingConfig(), max_tokens=8, verify=True, warmup=False,
                         exact=True)
     assert not res.verify_ok
     d = res.differences[0]
@@ -295,9 +298,9 @@ def test_run_bench_reports_a_broken_mode():
 def test_run_bench_argument_checks():
     eng = FakeEngine()
     with pytest.raises(InputError, match="--repeats"):
-        lib.run_bench(eng, PROMPTS, ["off"], SamplingConfig(), repeats=0)
+        run_bench(eng, PROMPTS, ["off"], SamplingConfig(), repeats=0)
     with pytest.raises(InputError, match="--max-tokens"):
-        lib.run_bench(eng, PROMPTS, ["off"], SamplingConfig(), max_tokens=0)
+        run_bench(eng, PROMPTS, ["off"], SamplingConfig(), max_tokens=0)
 
 
 # ---- rendering and the command's input errors -------------------------------------------------
@@ -305,7 +308,7 @@ def test_table_renders_categories_overall_and_verify():
     from edgespec.render.bench import progress_line, render_results
 
     eng = FakeEngine()
-    res = lib.run_bench(eng, PROMPTS, ["off", "ngram", "auto"], SamplingConfig(), max_tokens=8, verify=True, warmup=False)
+    res = run_bench(eng, PROMPTS, ["off", "ngram", "auto"], SamplingConfig(), max_tokens=8, verify=True, warmup=False)
     res.config = {"target": "t.gguf", "draft": "d.gguf", "threads": 2, "temperature": 0.0, "repeats": 1}
     buf = io.StringIO()
     con = Console(file=buf, width=80)  # not a terminal: the table widens instead of eliding
@@ -314,8 +317,25 @@ def test_table_renders_categories_overall_and_verify():
     assert "…" not in out
     for word in ("free (1)", "edit (1)", "overall (2)", "ngram", "auto", "verify: ok", "2 threads"):
         assert word in out
-    line = progress_line(lib.Progress(1, 2, res.runs[1], "p1", "ngram", 0))
+    line = progress_line(BenchEvent(1, 2, res.runs[1], "p1", "ngram", 0))
     assert line.startswith("[1/2] p1 ngram:") and "tok/s" in line
+
+
+def test_the_commands_event_lines():
+    from edgespec.render.bench import print_event
+
+    eng = FakeEngine()
+    seen = []
+    run_bench(eng, PROMPTS[:1], ["off", "ngram"], SamplingConfig(temperature=0.8, seed=1), max_tokens=4,
+              verify=True, on_event=seen.append)
+    buf = io.StringIO()
+    for e in seen:
+        print_event(Console(file=buf, width=200), e)
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "warming up..." and lines.count("warming up...") == 1  # once, not per warm-up run
+    assert [line.split(":")[0] for line in lines[1:3]] == ["[1/2] p1 off", "[2/2] p1 ngram"]  # finished timed runs
+    assert lines[3:] == ["verify (greedy) 1/2: p1 off", "verify (greedy) 2/2: p1 ngram"]  # sampled: greedy re-runs
+    assert len(seen) == 2 + 4 + 2  # warm-ups, timed (start and end), verify starts
 
 
 def test_cli_reports_a_malformed_prompt_file_in_one_line(tmp_path, capsys):
@@ -346,8 +366,8 @@ def test_cli_has_no_spec_flag():
 def test_repeats_rotate_the_order_of_modes():
     eng = FakeEngine()
     seen = []
-    lib.run_bench(eng, PROMPTS[:1], ["off", "ngram", "auto"], SamplingConfig(), repeats=3, max_tokens=6,
-                  warmup=False, on_progress=seen.append)
+    run_bench(eng, PROMPTS[:1], ["off", "ngram", "auto"], SamplingConfig(), repeats=3, max_tokens=6,
+                  warmup=False, on_event=seen.append)
     order = [(p.repeat, p.mode) for p in seen if p.run is not None]
     assert order == [(0, "off"), (0, "ngram"), (0, "auto"), (1, "ngram"), (1, "auto"), (1, "off"),
                      (2, "auto"), (2, "off"), (2, "ngram")]
@@ -362,8 +382,8 @@ def test_spread_over_repeats_and_speedups_that_overlap_one():
     spread = res.spread()
     assert spread["ngram"]["speedup"] == pytest.approx((0.95, 1.05))
     assert spread["draft"]["tokens_per_s"] == (12, 14)
-    assert lib.speedup_overlaps_one(spread["ngram"]["speedup"]) is True
-    assert lib.speedup_overlaps_one(spread["draft"]["speedup"]) is False
+    assert speedup_overlaps_one(spread["ngram"]["speedup"]) is True
+    assert speedup_overlaps_one(spread["draft"]["speedup"]) is False
     data = json.loads(json.dumps(res.to_json()))
     assert data["overall"]["ngram"]["speedup_overlaps_1"] is True
     assert data["overall"]["draft"]["speedup_overlaps_1"] is False and data["overall"]["off"]["speedup_overlaps_1"] is None
@@ -423,7 +443,7 @@ class DriftEngine(FakeEngine):
 
 
 def verify_drift(margin, drift, exact=False):
-    return lib.run_bench(DriftEngine(margin, drift), PROMPTS[:1], ["off", "draft"], SamplingConfig(),
+    return run_bench(DriftEngine(margin, drift), PROMPTS[:1], ["off", "draft"], SamplingConfig(),
                          max_tokens=12, verify=True, warmup=False, exact=exact)
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from edgespec import generate, models, session
 from edgespec.commands import main
+from edgespec.config import Mode
 from edgespec.controller import Controller, CostModel
 from edgespec.models import HFSource, ModelEntry, PackSource, Registry
 from edgespec.speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDecoder
@@ -58,8 +59,8 @@ class FakeEngine:
     def stream(self, tokens, sampling, *, max_tokens=256, stop=(), mode=None):
         self.streams.append({"max_tokens": max_tokens, "sampling": sampling, "stop": tuple(stop)})
         spec_mode = mode or self.spec.mode
-        drafter = ModelDrafter(FakeModel(cycle_lm), sampling) if spec_mode in ("draft", "combined", "auto") else None
-        ngram = NgramDrafter() if spec_mode in ("ngram", "combined", "auto") else None
+        drafter = ModelDrafter(FakeModel(cycle_lm), sampling) if Mode(spec_mode).uses_draft_model else None
+        ngram = NgramDrafter() if Mode(spec_mode).uses_ngram else None
         ctl = Controller(CostModel(draft_cost=0.1), k_min=1, k_max=4, allow_off=False, learn_timing=False)
         dec = SpeculativeDecoder(FakeModel(cycle_lm), sampling, ctl, SpecSettings(mode=spec_mode),
                                  ngram=ngram, drafter=drafter)
@@ -84,7 +85,7 @@ def cli(monkeypatch, tmp_path, capsys):
     """Run `edgespec ARGS` through the real entry point; returns (exit code, stdout, stderr, record)."""
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     for var in ("EDGESPEC_MODEL", "EDGESPEC_MODEL_DRAFT", "EDGESPEC_PAIR", "EDGESPEC_SPEC", "EDGESPEC_MAX_TOKENS",
-                "EDGESPEC_EXACT", "EDGESPEC_FAST_KERNELS", "EDGESPEC_THREADS", "EDGESPEC_THREADS_DRAFT",
+                "EDGESPEC_EXACT", "EDGESPEC_THREADS", "EDGESPEC_THREADS_DRAFT",
                 "EDGESPEC_CTX_SIZE", "EDGESPEC_TEMPERATURE", "EDGESPEC_SEED", "EDGESPEC_DRAFT_MAX",
                 "EDGESPEC_RPC", "FORCE_COLOR", "NO_COLOR"):
         monkeypatch.delenv(var, raising=False)
@@ -165,6 +166,19 @@ def test_bad_env_value_is_one_line_exit_2(cli, var, value, flag):
     code, _, err, _ = cli("prompt", "hi", "-m", "m", env={var: value})
     assert code == 2, err
     assert flag in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args,env,line", [
+    (("prompt", "hi", "-m", "m", "-n", "0"), {}, "error: --max-tokens must be >= 1 (got 0)"),
+    (("prompt", "hi", "-m", "m"), {"EDGESPEC_MAX_TOKENS": "-3"}, "error: --max-tokens must be >= 1 (got -3)"),
+    (("chat", "-m", "m", "-n", "0"), {}, "error: --max-tokens must be >= 1 (got 0)"),
+    (("bench", "-m", "m", "--max-tokens", "0"), {}, "error: --max-tokens must be >= 1 (got 0)"),
+    (("bench", "-m", "m", "--repeats", "0"), {}, "error: --repeats must be >= 1 (got 0)"),
+])
+def test_a_count_below_one_is_one_line_exit_2_before_any_model_is_touched(cli, args, env, line):
+    code, out, err, rec = cli(*args, env=env)
+    assert (code, err.strip(), out) == (2, line, "")
+    assert rec.load is None  # refused while parsing: nothing was resolved
 
 
 # ---- --show-drafts -----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 import pytest
 
-from edgespec.controller import Acceptance, Controller, CostModel, expected_tokens, speedup
+from edgespec.controller import POOL_MARGIN, Acceptance, Controller, CostModel, expected_tokens, speedup
+from edgespec.drafters import NgramState
 
 CPU = CostModel(verify={2: 1.42, 4: 1.54, 5: 1.97, 8: 2.85}, draft_cost=0.6)
 
@@ -17,15 +18,15 @@ def test_controller_turns_off_a_costly_draft_model():
 
 
 def test_controller_turns_on_a_free_accurate_drafter():
-    ctl = Controller(CPU, k_max=16, priors={"ngram": 0.9})
-    choice = ctl.choose("ngram/3", 0.0)
+    ctl = Controller(CPU, k_max=16, priors={"ngram": 0.9})  # the drafter's prior, for every one of its states
+    choice = ctl.choose(NgramState("copy", 4), 0.0)
     assert choice.k >= 3
     assert choice.expected_speedup > 1.5
 
 
 def test_controller_off_for_free_but_inaccurate_drafter():
     ctl = Controller(CPU, k_max=16, priors={"ngram": 0.2})
-    assert ctl.choose("ngram/1", 0.0).k == 0
+    assert ctl.choose(NgramState("copy", 1), 0.0).k == 0
 
 
 def test_forced_mode_never_off():
@@ -75,27 +76,29 @@ def test_could_pay_rules_out_a_draft_model_too_costly_even_when_perfect():
 
 
 def test_a_drafter_state_is_judged_no_higher_than_the_drafters_recent_record():
-    from edgespec.controller import POOL_MARGIN
-
     ctl = Controller(CPU, k_max=16, learn_timing=False)
     fresh = Controller(CPU, k_max=16, learn_timing=False)
-    for key in ("ngram/find/r1", "ngram/find/r2", "ngram/find/r4"):  # free text: every state misses
+    for key in (NgramState("find", 1), NgramState("find", 2), NgramState("find", 4)):  # free text: every state misses
         ctl.observe(key, 3, 0, prior=0.7)
     pooled = ctl.pooled["ngram"].alpha
     assert pooled < 0.4
-    assert ctl.capped_alpha("ngram/find/r8", 0.88) == pytest.approx(pooled + POOL_MARGIN)
-    assert fresh.capped_alpha("ngram/find/r8", 0.88) == pytest.approx(0.88)  # no record yet: the prior
-    assert ctl.choose("ngram/find/r8", 0.0, 16, prior=0.88).k == 0
-    assert fresh.choose("ngram/find/r8", 0.0, 16, prior=0.88).k > 0
+    assert ctl.capped_alpha(NgramState("find", 8), 0.88) == pytest.approx(pooled + POOL_MARGIN)
+    assert fresh.capped_alpha(NgramState("find", 8), 0.88) == pytest.approx(0.88)  # no record yet: the prior
+    assert ctl.choose(NgramState("find", 8), 0.0, 16, prior=0.88).k == 0
+    assert fresh.choose(NgramState("find", 8), 0.0, 16, prior=0.88).k > 0
     # one lucky round does not make a weak state look strong while the others keep missing
-    ctl.observe("ngram/find/r1", 12, 12, prior=0.2)
-    for key in ("ngram/find/r2", "ngram/find/r4", "ngram/copy/r1"):
+    ctl.observe(NgramState("find", 1), 12, 12, prior=0.2)
+    for key in (NgramState("find", 2), NgramState("find", 4), NgramState("copy", 1)):
         ctl.observe(key, 3, 0, prior=0.7)
-    assert ctl.estimate("ngram/find/r1").alpha > 0.7
-    assert ctl.capped_alpha("ngram/find/r1") < ctl.estimate("ngram/find/r1").alpha
-    # a long verified copy run is its own evidence: its prior stands
-    assert ctl.capped_alpha("ngram/copy/r32", 0.985) == pytest.approx(0.985)
+    assert ctl.estimate(NgramState("find", 1)).alpha > 0.7
+    assert ctl.capped_alpha(NgramState("find", 1)) < ctl.estimate(NgramState("find", 1)).alpha
+    # a long verified copy run is its own evidence: its prior stands (the state says so, not the prior's value)
+    assert ctl.capped_alpha(NgramState("copy", 32), 0.985) == pytest.approx(0.985)
+    assert ctl.capped_alpha(NgramState("copy", 16), 0.96) == pytest.approx(0.96)
+    # a high prior alone earns nothing: a resumed copy shorter than that is judged by the pool
+    cap = ctl.pooled["ngram"].alpha + POOL_MARGIN
+    assert cap < 0.93 and ctl.capped_alpha(NgramState("resume", 8), 0.93) == pytest.approx(cap)
     # and the record recovers within a few good rounds (text turned from prose to a copy)
     for _ in range(4):
-        ctl.observe("ngram/find/r16", 8, 8, prior=0.95)
+        ctl.observe(NgramState("copy", 16), 8, 8, prior=0.96)
     assert ctl.pooled["ngram"].alpha > 0.85

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from edgespec.controller import Controller, CostModel
-from edgespec.drafters import NgramDrafter, run_bucket
+from edgespec.drafters import PRIORS, NgramDrafter, NgramState, run_bucket
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder
 
@@ -30,6 +31,21 @@ def test_run_buckets():
     assert [run_bucket(r) for r in (0, 1, 2, 3, 4, 7, 8, 15, 16, 63, 64, 500)] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 32, 64, 64]
 
 
+def test_the_states_are_the_sixteen_the_drafter_can_produce():
+    states = [NgramState(kind, run) for kind, run in PRIORS]
+    assert len(states) == 16  # copy x 7 run buckets, resume and find below a long run x 4, edit
+    assert {s.kind for s in states} == {"copy", "resume", "find", "edit"}
+    for impossible in (("find", 16), ("resume", 32), ("copy", 3), ("edit", 1), ("draft", None)):
+        with pytest.raises(ValueError):
+            NgramState(*impossible)  # a 16-token find is a copy; 3 is no bucket; edit has no run
+    assert {s for s in states if s.trusted} == {NgramState("copy", 16), NgramState("copy", 32), NgramState("copy", 64)}
+    assert str(NgramState("copy", 16)) == "ngram/copy/r16" and str(NgramState("edit")) == "ngram/edit"
+    # the drafter's proposals carry their state's own prior
+    seen = [p for out in (SOURCE[:50], SOURCE[:20] + [999] + SOURCE[21:40]) for p in follow(NgramDrafter(), PROMPT, out)]
+    assert {p.key.kind for p in seen if p.tokens} == {"find", "copy", "resume", "edit"}
+    assert all(p.prior == PRIORS[(p.key.kind, p.key.run)] for p in seen if p.tokens)
+
+
 def test_a_verbatim_copy_earns_long_drafts_as_the_run_grows():
     d = NgramDrafter()
     props = follow(d, PROMPT, SOURCE[:40])
@@ -37,8 +53,8 @@ def test_a_verbatim_copy_earns_long_drafts_as_the_run_grows():
     for i, p in enumerate(props[1:], start=1):
         assert p.tokens[: len(SOURCE) - i] == tuple(SOURCE[i:]), i
     keys = [p.key for p in props[1:]]
-    assert keys[0] == "ngram/find/r1"
-    assert "ngram/copy/r16" in keys and "ngram/copy/r32" in keys
+    assert keys[0] == NgramState("find", 1)
+    assert NgramState("copy", 16) in keys and NgramState("copy", 32) in keys
     assert d.run == 39  # the last token is seen at the next proposal
 
 
@@ -49,11 +65,11 @@ def test_after_a_substitution_the_copy_resumes_at_once():
     props = follow(d, PROMPT, out)
     # just after the edit: the guess is that 999 replaced one token, so the copy goes on from 121
     after_edit = props[21]
-    assert after_edit.key == "ngram/edit"
+    assert after_edit.key == NgramState("edit")
     assert after_edit.tokens[:5] == tuple(SOURCE[21:26])
     # and once 121 arrives the copy is found again near where it was: a resumed long copy
     assert props[22].tokens[:5] == tuple(SOURCE[22:27])
-    assert props[22].key.startswith("ngram/resume/")
+    assert props[22].key.kind == "resume"
 
 
 def test_an_insertion_is_found_again_near_the_copy_position():
@@ -112,7 +128,7 @@ def test_free_text_gives_only_weak_guesses():
     out = list(rng.integers(50, 100, 60))  # never copies the prompt
     d = NgramDrafter()
     for p in follow(d, prompt, out):
-        assert not p.key.startswith("ngram/copy/r") or run_bucket(d.run) <= 2
+        assert getattr(p.key, "kind", None) != "copy" or run_bucket(d.run) <= 2
 
 
 def test_priors_make_the_controller_draft_long_only_in_a_long_copy():

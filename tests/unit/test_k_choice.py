@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from edgespec.config import DraftLimits, SpecConfig
 from edgespec.controller import Controller, CostModel, candidate_ks, speedup
 from edgespec.engine import default_draft_max
 
@@ -58,7 +59,9 @@ def test_candidate_grid():
     [({}, 16), ({2: 2.0, 8: 4.9, 64: 23.5}, 63), ({2: 2.0, 7: 3.9, 8: 4.0}, 7)],
 )
 def test_default_draft_max_follows_what_the_profile_measured(verify, expected):
-    assert default_draft_max(CostModel(verify=verify) if verify else None) == expected
+    cost = CostModel(verify=verify) if verify else None
+    assert default_draft_max(cost) == expected
+    assert DraftLimits.of(SpecConfig(), cost) == DraftLimits(1, expected)  # the engine's rule, in one place
 
 
 # Measured on a 2-vCPU Xeon (fast kernels, 1.5B Q4_K_M): cost steps at row tiles, t(16) < t(12).

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from edgespec.controller import Controller, CostModel
+from edgespec.drafters import NgramState
 from edgespec.errors import ContextError
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import (
@@ -166,7 +167,7 @@ def test_auto_mode_turns_ngram_on_for_copying_and_stays_exact():
     dec = SpeculativeDecoder(target, GREEDY, ctl, SpecSettings(mode="auto"), ngram=NgramDrafter())
     out = run(dec, [1, 4], 80)
     assert out == plain_greedy(lm, [1, 4], 80)
-    assert max(a.alpha for k, a in ctl.acceptance.items() if k.startswith("ngram/")) > 0.9
+    assert max(a.alpha for k, a in ctl.acceptance.items() if isinstance(k, NgramState)) > 0.9
     assert sum(r.accepted for r in dec.stats.rounds) > 50
 
 
@@ -212,7 +213,7 @@ def test_ngram_drafter_prefers_longest_and_latest_match():
     ctx = [1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3]
     draft = d.propose(ctx, 3)
     assert draft.tokens == (7, 5, 2)  # "2 3" last seen before "7 5 2"; 3-gram "5 2 3" absent
-    assert draft.key == "ngram/find/r2"  # found anywhere (no copy in progress), 2 tokens matched
+    assert draft.key == NgramState("find", 2)  # found anywhere (no copy in progress), 2 tokens matched
     assert d.propose([1, 2, 3, 4], 3).tokens == ()
     # context that is not an extension resets the index
     assert d.propose([8, 8, 8], 2).tokens == (8,)
@@ -226,7 +227,7 @@ def test_ngram_follows_the_copy_position_after_a_substitution():
     d.propose(source + [1], 4)  # starts copying from position 1
     draft = d.propose(source + [1, 7, 9], 3)
     assert draft.tokens == (3, 9, 4)
-    assert draft.key == "ngram/copy/r1"  # found again near the copy position
+    assert draft.key == NgramState("copy", 1)  # found again near the copy position
 
 
 def test_seeded_sampling_is_reproducible():
