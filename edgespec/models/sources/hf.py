@@ -15,6 +15,7 @@ from edgespec.gguf import read_gguf
 from ..progress import Progress
 from ..registry import ModelEntry
 from ..store import _SourceFailed, _hash_file, _place_from
+from .found import Found, StoreScan
 
 def _fetch_hf(entry: ModelEntry, progress: Progress) -> None:
     path = _hf_download(entry.hf.repo, entry.hf.file, progress)
@@ -179,3 +180,45 @@ def _resolve_hf_ref(ref: str, progress: Progress, allow_download: bool) -> Path:
     read_gguf(path)
     return path
 
+
+
+# -- the hub's cache, scanned -------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    """The hub's cache folder (HF_HUB_CACHE, or HF_HOME/hub, as the hub itself reads them)."""
+    _import_hub()
+    from huggingface_hub import constants  # a submodule the package does not load by itself
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def scan() -> list[StoreScan]:
+    """The GGUF files in the hub's cache, by `hf:OWNER/REPO/FILE`; the newest revision of a file
+    wins. Reads the folder only (no network, so HF_HUB_OFFLINE makes no difference)."""
+    try:
+        hub = _import_hub()
+        root = cache_root()
+    except _SourceFailed:
+        return []
+    if not root.exists():
+        return []
+    try:
+        info = hub.scan_cache_dir(root)
+    except Exception as err:  # CacheNotFound, or an unreadable folder
+        return [StoreScan("huggingface", root, (), (f"{root}: cannot scan the Hugging Face cache ({err})",))]
+    newest: dict[tuple[str, str], tuple[float, Path]] = {}
+    for repo in info.repos:
+        if repo.repo_type != "model":
+            continue
+        for revision in repo.revisions:
+            for f in revision.files:
+                if not f.file_name.lower().endswith(".gguf"):
+                    continue
+                key = (repo.repo_id, f.file_path.relative_to(revision.snapshot_path).as_posix())
+                if key not in newest or revision.last_modified > newest[key][0]:
+                    newest[key] = (revision.last_modified, f.file_path)
+    found = tuple(Found(f"hf:{repo}/{file}", path, "huggingface")
+                  for (repo, file), (_, path) in sorted(newest.items()))
+    warnings = tuple(f"{root}: {str(w).splitlines()[0]}" for w in info.warnings)
+    return [StoreScan("huggingface", root, found, warnings)]
