@@ -11,9 +11,11 @@ from typing import Iterator, Sequence
 
 from .backend.model import LlamaModel, LoadParams
 from .config import SpecConfig
+from .compat import Pairing, pair_vocabularies
 from .controller import Controller, CostModel
 from .errors import ContextError, InputError
 from .generate import Chunk, Final, stream
+from .gguf import read_gguf
 from .sampling import SamplingConfig
 from .speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDecoder
 from .template import Message, render_segments
@@ -40,25 +42,23 @@ def default_draft_max(cost: CostModel | None) -> int:
     return max(1, min(64, max(measured) - 1)) if measured else 16
 
 
-def check_compatible(target_path: Path, draft_path: Path) -> None:
-    """Refuse a draft whose vocabulary differs from the target's (headers only, before loading)."""
-    from .compat import check_pair
-    from .gguf import read_gguf
-
+def check_compatible(target_path: Path, draft_path: Path) -> Pairing:
+    """Identical or mapped vocabularies (headers only, before loading); IncompatibleModelsError otherwise."""
     t = read_gguf(target_path, vocab=True)
     d = read_gguf(draft_path, vocab=True)
     if t.vocab is None or d.vocab is None:
         missing = target_path if t.vocab is None else draft_path
         raise InputError(f"{missing.name} has no tokenizer vocabulary in its header; cannot check the pair")
-    check_pair(t.vocab, d.vocab, target_name=target_path.name, draft_name=draft_path.name)
+    return pair_vocabularies(t.vocab, d.vocab, target_name=target_path.name, draft_name=draft_path.name)
 
 
 class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.spec = config.spec
+        self.token_map = None  # a near-compatible pair's id map (compat.py); None: ids pass as they are
         if config.draft_path is not None and config.spec.uses_draft_model:
-            check_compatible(config.target_path, config.draft_path)
+            self.token_map = check_compatible(config.target_path, config.draft_path).token_map
         # The target's logits decide the output, so they must not depend on the verify batch size.
         self.target = LlamaModel(config.target_path, replace(config.target_params, exact=config.exact))
         self.draft: LlamaModel | None = None
@@ -134,7 +134,8 @@ class Engine:
         spec = self.spec if mode is None else replace(self.spec, mode=mode)
         drafter = None
         if self.draft is not None and spec.mode in ("draft", "combined", "auto"):
-            drafter = ModelDrafter(self.draft, sampling, p_min=spec.draft_p_min, n_vocab_target=self.target.n_vocab)
+            drafter = ModelDrafter(self.draft, sampling, p_min=spec.draft_p_min, n_vocab_target=self.target.n_vocab,
+                                   token_map=self.token_map)
         ngram = NgramDrafter(spec.ngram_min, spec.ngram_max) if spec.mode in ("ngram", "combined", "auto") else None
         if spec.mode in ("draft",) and drafter is None:
             raise InputError("--spec draft needs a draft model: pass -md/--model-draft or --pair")
