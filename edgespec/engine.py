@@ -11,7 +11,7 @@ from typing import Iterator, Sequence
 
 from .backend.model import LlamaModel, LoadParams
 from .config import SpecConfig
-from .compat import Pairing, pair_vocabularies
+from .compat import Pairing, TokenMap, pair_vocabularies
 from .controller import Controller, CostModel
 from .errors import ContextError, InputError
 from .generate import Chunk, Final, stream
@@ -53,10 +53,11 @@ def check_compatible(target_path: Path, draft_path: Path) -> Pairing:
 
 
 class Engine:
+    token_map: TokenMap | None = None  # a near-compatible pair's id map (compat.py); None: ids pass as they are
+
     def __init__(self, config: EngineConfig):
         self.config = config
         self.spec = config.spec
-        self.token_map = None  # a near-compatible pair's id map (compat.py); None: ids pass as they are
         if config.draft_path is not None and config.spec.uses_draft_model:
             self.token_map = check_compatible(config.target_path, config.draft_path).token_map
         # The target's logits decide the output, so they must not depend on the verify batch size.

@@ -95,7 +95,7 @@ def cli(monkeypatch, tmp_path, capsys):
 
     def fake_resolve(load, spec, progress=None, *, hardware=None, kernels="fast"):
         record.load, record.spec, record.kernels = load, spec, kernels
-        return SimpleNamespace(plan=SimpleNamespace(warnings=()), warnings=())
+        return SimpleNamespace(plan=SimpleNamespace(warnings=()), warnings=(), notes=())
 
     def fake_open(resolved, spec, *, exact=False):
         record.exact = exact
