@@ -369,12 +369,24 @@ class ModelDrafter:
         # Its own stream, derived from the seed, so drafting never shifts the verifier's draws.
         self.rng = np.random.default_rng(None if sampling.seed is None else sampling.seed + 0x5EED)
 
+    def view(self, context: Sequence[int]) -> Sequence[int]:
+        """The target context as the draft model reads it (the same ids unless there is a map)."""
+        return context if self.token_map is None else self.token_map.draft_context(context)
+
+    def behind(self, context: Sequence[int]) -> int:
+        """How many tokens the draft model would decode before it could draft after `context`."""
+        view = self.view(context)
+        return len(view) - common_prefix_len(self.model.tokens, view)
+
+    def settle(self, context: Sequence[int]) -> None:
+        """Leave the draft model's cache holding a prefix of (its view of) `context`."""
+        self.model.trim(common_prefix_len(self.model.tokens, self.view(context)))
+
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         m = self.model
-        if self.token_map is not None:
-            context = self.token_map.draft_context(context)
-            if not context:
-                return EMPTY
+        context = self.view(context)
+        if not context:
+            return EMPTY
         room = m.n_ctx - len(context)
         max_len = min(max_len, room)
         if max_len <= 0:

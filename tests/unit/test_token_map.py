@@ -170,3 +170,17 @@ def test_mapped_sampling_gives_q_rows_over_the_target_vocabulary():
     dec, _ = decoder(sampling, m, FakeModel(draft_lm(m), vocab=N_D, eos=-1))
     out = [e.token for e in dec.generate(PROMPT, 20)]
     assert len(out) == 20 and all(0 <= t < ORD for t in out)
+
+
+def test_drafter_says_how_far_behind_its_view_is_and_settles_to_it():
+    # What the decoder needs instead of comparing the draft's cache (draft ids) with target ids.
+    m = pair().token_map
+    draft_model = FakeModel(draft_lm(m), vocab=N_D, eos=-1)
+    drafter = ModelDrafter(draft_model, SamplingConfig(temperature=0.0), n_vocab_target=N_T, token_map=m)
+    assert drafter.behind(PROMPT) == len(m.draft_context(PROMPT)) == 4
+    drafter.propose(PROMPT, 2)
+    assert drafter.behind(PROMPT) == 0  # its cache holds the view (and maybe drafts beyond it)
+    drafter.settle(PROMPT[:3])  # BOS, <|im_start|>, 5 -> the draft's <|im_start|>, 5
+    assert draft_model.tokens == [ORD, 5]
+    plain = ModelDrafter(FakeModel(target_lm(), vocab=N_T, eos=-1), SamplingConfig(temperature=0.0))
+    assert plain.view(PROMPT) is PROMPT and plain.behind(PROMPT) == len(PROMPT)
