@@ -20,7 +20,7 @@ from edgespec.gguf import read_gguf
 from .progress import NullProgress, Progress
 from .registry import BUILTIN, ModelEntry, Registry, load_registry
 from .sources import hf, lmstudio, ollama, pack
-from .store import _SourceFailed, _adopt_existing, _fetch_lock, cached_path, is_cached
+from .store import SourceFailed, _adopt_existing, _fetch_lock, cached_path, is_cached
 
 # Stores of other apps, read in place (nothing fetched, nothing copied).
 SCHEMES = {"ollama:": ollama, "lmstudio:": lmstudio}
@@ -94,7 +94,7 @@ def _fetch(entry: ModelEntry, progress: Progress) -> Path:
         try:
             fetch(entry, progress)
             return cached_path(entry)
-        except _SourceFailed as err:
+        except SourceFailed as err:
             failures.append(f"{label}: {err}")
         except OSError as err:
             failures.append(f"{label}: {err.strerror or err}")

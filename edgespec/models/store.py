@@ -29,9 +29,6 @@ CHUNK = 4 << 20
 class SourceFailed(Exception):
     """One source could not deliver; the message is a short reason."""
 
-
-_SourceFailed = SourceFailed  # the name the sources and their tests use
-
 def cached_path(entry: ModelEntry) -> Path:
     return models_dir() / f"{entry.name}.gguf"
 
@@ -153,7 +150,7 @@ def _install(entry: ModelEntry, write: Callable[[BinaryIO], None]) -> None:
         os.replace(tmp, cached_path(entry))
         _write_sidecar(entry)
     except OSError as err:
-        raise _SourceFailed(f"could not write the cache: {err.strerror or err}") from None
+        raise SourceFailed(f"could not write the cache: {err.strerror or err}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -162,10 +159,10 @@ def _install(entry: ModelEntry, write: Callable[[BinaryIO], None]) -> None:
 def _verify(entry: ModelEntry, path: Path) -> None:
     size = path.stat().st_size
     if size != entry.size:
-        raise _SourceFailed(f"size mismatch: expected {entry.size} bytes, got {size}")
+        raise SourceFailed(f"size mismatch: expected {entry.size} bytes, got {size}")
     digest = _hash_file(path, f"verifying {entry.name}", NullProgress())
     if digest != entry.sha256:
-        raise _SourceFailed(f"sha256 mismatch: expected {entry.sha256}, got {digest}")
+        raise SourceFailed(f"sha256 mismatch: expected {entry.sha256}, got {digest}")
 
 
 def _copy(src: BinaryIO, out: BinaryIO, progress: Progress, limit: int) -> int:
@@ -174,7 +171,7 @@ def _copy(src: BinaryIO, out: BinaryIO, progress: Progress, limit: int) -> int:
     while chunk := src.read(CHUNK):
         written += len(chunk)
         if written > limit:
-            raise _SourceFailed(f"larger than the expected {limit} bytes")
+            raise SourceFailed(f"larger than the expected {limit} bytes")
         out.write(chunk)
         progress.advance(len(chunk))
     return written

@@ -14,18 +14,18 @@ from edgespec.gguf import read_gguf
 
 from ..progress import Progress
 from ..registry import ModelEntry
-from ..store import _SourceFailed, _hash_file, _place_from
+from ..store import SourceFailed, _hash_file, _place_from
 from .found import Found, StoreScan
 
 def _fetch_hf(entry: ModelEntry, progress: Progress) -> None:
     path = _hf_download(entry.hf.repo, entry.hf.file, progress)
     if path.stat().st_size != entry.size:
-        raise _SourceFailed(
+        raise SourceFailed(
             f"size mismatch: expected {entry.size} bytes, got {path.stat().st_size}"
         )
     digest = _hash_file(path, f"verifying {entry.name}", progress)
     if digest != entry.sha256:
-        raise _SourceFailed(f"sha256 mismatch: expected {entry.sha256}, got {digest}")
+        raise SourceFailed(f"sha256 mismatch: expected {entry.sha256}, got {digest}")
     _place_from(path, entry, progress)
 
 
@@ -37,22 +37,22 @@ def _from_hf_cache_only(entry: ModelEntry, progress: Progress) -> bool:
         return False
     try:
         _place_from(path, entry, progress)
-    except _SourceFailed:
+    except SourceFailed:
         return False
     return True
 
 
 
 def _hf_download(repo: str, file: str, progress: Progress) -> Path:
-    """The file from the HF cache, or downloaded into it. _SourceFailed with a short reason."""
+    """The file from the HF cache, or downloaded into it. SourceFailed with a short reason."""
     cached = _hf_cached(repo, file)
     if cached is not None:
         return cached
     if _hf_offline():
-        raise _SourceFailed("offline (HF_HUB_OFFLINE) and not in the Hugging Face cache")
+        raise SourceFailed("offline (HF_HUB_OFFLINE) and not in the Hugging Face cache")
     unreachable = _hf_unreachable()
     if unreachable:
-        raise _SourceFailed(unreachable)
+        raise SourceFailed(unreachable)
     hub = _import_hub()
     kwargs = {}
     if _accepts(hub.hf_hub_download, "tqdm_class"):  # huggingface_hub >= 0.27 or so
@@ -60,7 +60,7 @@ def _hf_download(repo: str, file: str, progress: Progress) -> Path:
     try:
         return Path(hub.hf_hub_download(repo_id=repo, filename=file, **kwargs))
     except Exception as err:  # the hub raises many unrelated types; each becomes a reason
-        raise _SourceFailed(_hf_reason(err)) from None
+        raise SourceFailed(_hf_reason(err)) from None
 
 
 def _accepts(func, name: str) -> bool:
@@ -83,7 +83,7 @@ def _import_hub():
     try:
         import huggingface_hub
     except ImportError:
-        raise _SourceFailed("huggingface_hub is not installed") from None
+        raise SourceFailed("huggingface_hub is not installed") from None
     return huggingface_hub
 
 
@@ -174,8 +174,8 @@ def _resolve_hf_ref(ref: str, progress: Progress, allow_download: bool) -> Path:
         else:
             path = _hf_cached(repo, file)
             if path is None:
-                raise _SourceFailed("not in the Hugging Face cache and downloads are off")
-    except _SourceFailed as err:
+                raise SourceFailed("not in the Hugging Face cache and downloads are off")
+    except SourceFailed as err:
         raise DownloadError(f"could not fetch {ref}: huggingface: {err}") from None
     read_gguf(path)
     return path
@@ -199,7 +199,7 @@ def scan() -> list[StoreScan]:
     try:
         hub = _import_hub()
         root = cache_root()
-    except _SourceFailed:
+    except SourceFailed:
         return []
     if not root.exists():
         return []

