@@ -5,11 +5,13 @@ from __future__ import annotations
 import huggingface_hub.constants
 import pytest
 
+from edgespec.config import LoadConfig
 from edgespec.draft_auto import best_draft, rank_drafts
 from edgespec.hardware import HardwareInfo
 from edgespec.models import _warned
+from edgespec.session import AUTO, ModelChoice, _auto_draft
 
-from .test_gguf import I32, STR, ARR, build, model_kvs, tokens
+from .test_gguf import ARR, I32, STR, build, model_kvs, tokens
 from .test_local_stores import ollama_model
 
 GiB = 1 << 30
@@ -85,9 +87,6 @@ def test_nothing_compatible(stores):
 
 
 def test_session_picks_the_best_and_says_which_in_one_line(stores):
-    from edgespec.config import LoadConfig
-    from edgespec.session import AUTO, ModelChoice, _auto_draft
-
     root = stores / "ollama"
     target = ollama_model(root, "big", "latest", gguf(8192))
     small = ollama_model(root, "small", "latest", gguf(256))
