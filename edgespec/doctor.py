@@ -10,8 +10,11 @@ from pathlib import Path
 
 from . import models, profile_store
 from .compat import compatible
+from .draft_auto import Candidate, rank_drafts
 from .errors import EdgespecError
 from .gguf import GGUFInfo, read_gguf
+from .hardware import detect
+from .plan import ModelShape, make_plan
 
 
 @dataclass
@@ -48,6 +51,7 @@ class DoctorReport:
     pair: tuple[bool, str] | None = None
     fit: tuple[bool, str] | None = None
     build: list[tuple[bool, str]] = field(default_factory=list)
+    drafts: list[Candidate] | None = None  # with --drafts: the compatible drafts here, best first
 
     @property
     def ok(self) -> bool:
@@ -74,7 +78,14 @@ class DoctorReport:
             "pair": pair,
             "fit": fit,
             "build": [{"ok": ok, "detail": d} for ok, d in self.build],
+            "drafts": None if self.drafts is None else [_candidate_json(c) for c in self.drafts],
         }
+
+
+def _candidate_json(c: Candidate) -> dict:
+    return {"ref": c.model.ref, "path": str(c.model.path), "vocab": c.vocab, "detail": c.pairing,
+            "fits": c.fits, "fit_detail": c.fit_detail, "cost_ratio": round(c.cost_ratio, 4),
+            "cost_measured": c.measured, "expected_speedup": round(c.expected_speedup, 3), "usable": c.usable}
 
 
 def inspect_model(ref: str) -> ModelReport:
@@ -102,9 +113,6 @@ def check_pair(target: ModelReport, draft: ModelReport) -> tuple[bool, str]:
 
 
 def check_fit(target: ModelReport, draft: ModelReport | None) -> tuple[bool, str]:
-    from .hardware import detect
-    from .plan import ModelShape, make_plan
-
     if target.info is None or (draft is not None and draft.info is None):
         return False, "cannot plan: a model could not be read"
     hw = detect()
@@ -135,7 +143,9 @@ def check_build() -> list[tuple[bool, str]]:
     return results
 
 
-def diagnose(refs: list[str]) -> DoctorReport:
+def diagnose(refs: list[str], *, drafts: bool = False) -> DoctorReport:
+    """refs: none (the default pair), a model, or a target and a draft. drafts: also rank every
+    compatible draft on this machine for the (first) model."""
     report = DoctorReport()
     if not refs:
         target, draft = models.load_registry().pair(None)
@@ -149,4 +159,6 @@ def diagnose(refs: list[str]) -> DoctorReport:
     if len(report.models) == 2:
         report.pair = check_pair(report.models[0], report.models[1])
     report.fit = check_fit(report.models[0], report.models[1] if len(report.models) == 2 else None)
+    if drafts:
+        report.drafts = rank_drafts(report.models[0].path, detect())
     return report

@@ -7,7 +7,8 @@
   operator) so later occurrences are proposed already edited. Each proposal says which state it
   came from (how long the current copy run is, whether it was found near the old copy position),
   because that, not the drafter as a whole, predicts how much of it the target will accept.
-- `ModelDrafter`: a second, smaller model with the same tokenizer.
+- `ModelDrafter`: a second, smaller model with the same tokenizer, or one whose vocabulary differs
+  only in special tokens (through compat.TokenMap).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import ClassVar, Protocol, Sequence
 
 import numpy as np
 
+from .compat import TokenMap
 from .sampling import SamplingConfig, sample, warp
 
 
@@ -406,20 +408,44 @@ def _nearest(ends: list[int], target: int) -> int:
 
 # ---- the draft model --------------------------------------------------------------------------
 class ModelDrafter:
-    """A second, smaller model that drafts greedily (or samples, when the target samples)."""
+    """A second, smaller model that drafts greedily (or samples, when the target samples).
+
+    With a `token_map` (a near-compatible pair, see compat.py) it reads the target's context
+    through the map, never proposes a token the target lacks (masked before argmax or sampling),
+    and hands back target ids with q rows over the target's vocabulary.
+    """
 
     name = "draft"
 
-    def __init__(self, model: Model, sampling: SamplingConfig, *, p_min: float = 0.0, n_vocab_target: int | None = None):
+    def __init__(self, model: Model, sampling: SamplingConfig, *, p_min: float = 0.0, n_vocab_target: int | None = None,
+                 token_map: TokenMap | None = None):
         self.model = model
         self.sampling = sampling
         self.p_min = p_min
         self.n_vocab_target = n_vocab_target or model.n_vocab
+        self.token_map = token_map
+        self._blocked = ~token_map.draftable(model.n_vocab) if token_map is not None else None
         # Its own stream, derived from the seed, so drafting never shifts the verifier's draws.
         self.rng = np.random.default_rng(None if sampling.seed is None else sampling.seed + 0x5EED)
 
+    def view(self, context: Sequence[int]) -> Sequence[int]:
+        """The target context as the draft model reads it (the same ids unless there is a map)."""
+        return context if self.token_map is None else self.token_map.draft_context(context)
+
+    def behind(self, context: Sequence[int]) -> int:
+        """How many tokens the draft model would decode before it could draft after `context`."""
+        view = self.view(context)
+        return len(view) - common_prefix_len(self.model.tokens, view)
+
+    def settle(self, context: Sequence[int]) -> None:
+        """Leave the draft model's cache holding a prefix of (its view of) `context`."""
+        self.model.trim(common_prefix_len(self.model.tokens, self.view(context)))
+
     def propose(self, context: Sequence[int], max_len: int) -> Draft:
         m = self.model
+        context = self.view(context)
+        if not context:
+            return EMPTY
         room = m.n_ctx - len(context)
         max_len = min(max_len, room)
         if max_len <= 0:
@@ -428,7 +454,7 @@ class ModelDrafter:
         if not todo:  # the whole context is cached: re-decode the last token for its logits
             m.trim(len(context) - 1)
             todo = [context[-1]]
-        row = m.decode(todo, [len(todo) - 1])[0]
+        row = self._masked(m.decode(todo, [len(todo) - 1])[0])
         history = list(context)
         tokens: list[int] = []
         probs: list[np.ndarray] = []
@@ -442,15 +468,28 @@ class ModelDrafter:
                 if greedy and q[tok] < self.p_min and tokens:
                     break  # low confidence: a wasted verify slot is likelier than a win
                 if not greedy:
-                    probs.append(self._pad(q))
+                    probs.append(self._over_target(q))
             tokens.append(tok)
             history.append(tok)
             if i + 1 < max_len:
-                row = m.decode([tok], [0])[0]
+                row = self._masked(m.decode([tok], [0])[0])
+        if self.token_map is not None:
+            tokens = self.token_map.draft_to_target[tokens].tolist()
         return Draft(tuple(tokens), "draft", "draft", tuple(probs) if probs else None)
 
-    def _pad(self, q: np.ndarray) -> np.ndarray:
+    def _masked(self, row: np.ndarray) -> np.ndarray:
+        return row if self._blocked is None else np.where(self._blocked, -np.inf, row)
+
+    def _over_target(self, q: np.ndarray) -> np.ndarray:
+        """The draft's q row as a distribution over the target's ids."""
         n = self.n_vocab_target
+        if self.token_map is not None:
+            out = np.zeros(n)
+            d2t = self.token_map.draft_to_target
+            ids = np.nonzero(q[: len(d2t)])[0]
+            ids = ids[(d2t[ids] >= 0) & (d2t[ids] < n)]
+            out[d2t[ids]] = q[ids]
+            return out / out.sum()
         if len(q) == n:
             return q
         out = np.zeros(n)

@@ -12,9 +12,11 @@ from typing import Iterator, Sequence
 from .backend.model import LlamaModel, LoadParams
 from .batch import Batcher
 from .config import SpecConfig
+from .compat import Pairing, TokenMap, pair_vocabularies
 from .controller import Controller, CostModel
 from .errors import ContextError, InputError
 from .generate import Chunk, Final, stream
+from .gguf import read_gguf
 from .sampling import SamplingConfig
 from .speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDecoder
 from .template import Message, render_segments
@@ -42,29 +44,29 @@ def default_draft_max(cost: CostModel | None) -> int:
     return max(1, min(64, max(measured) - 1)) if measured else 16
 
 
-def check_compatible(target_path: Path, draft_path: Path) -> None:
-    """Refuse a draft whose vocabulary differs from the target's (headers only, before loading)."""
-    from .compat import check_pair
-    from .gguf import read_gguf
-
+def check_compatible(target_path: Path, draft_path: Path) -> Pairing:
+    """Identical or mapped vocabularies (headers only, before loading); IncompatibleModelsError otherwise."""
     t = read_gguf(target_path, vocab=True)
     d = read_gguf(draft_path, vocab=True)
     if t.vocab is None or d.vocab is None:
         missing = target_path if t.vocab is None else draft_path
         raise InputError(f"{missing.name} has no tokenizer vocabulary in its header; cannot check the pair")
-    check_pair(t.vocab, d.vocab, target_name=target_path.name, draft_name=draft_path.name)
+    return pair_vocabularies(t.vocab, d.vocab, target_name=target_path.name, draft_name=draft_path.name)
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, *, models: tuple | None = None):
+    token_map: TokenMap | None = None  # a near-compatible pair's id map (compat.py); None: ids pass as they are
+
+    def __init__(self, config: EngineConfig, *, models: tuple | None = None, token_map: TokenMap | None = None):
         """Load the models the config names; `models` (target, draft or None) are already loaded
         ones that behave like LlamaModel (the tests' multi-sequence fakes)."""
         self.config = config
         self.spec = config.spec
         if models is not None:
             self.target, self.draft = models
+            self.token_map = token_map
         else:
-            self.target, self.draft = self._load(config)
+            self.target, self.draft, self.token_map = self._load(config)
         self.cost = config.cost or CostModel()
         self.draft_max = config.spec.draft_max or default_draft_max(config.cost)
         self._controller: Controller | None = None
@@ -78,8 +80,9 @@ class Engine:
 
     @staticmethod
     def _load(config: EngineConfig):
+        token_map = None
         if config.draft_path is not None and config.spec.uses_draft_model:
-            check_compatible(config.target_path, config.draft_path)
+            token_map = check_compatible(config.target_path, config.draft_path).token_map
         # The target's logits decide the output, so they must not depend on the verify batch size.
         target = LlamaModel(config.target_path,
                             replace(config.target_params, exact=config.exact, n_seq=config.n_seq))
@@ -91,7 +94,7 @@ class Engine:
         except BaseException:
             target.close()
             raise
-        return target, draft
+        return target, draft, token_map
 
     @property
     def n_seq(self) -> int:
@@ -166,7 +169,8 @@ class Engine:
 
         drafter = None
         if self.draft is not None and spec.mode in ("draft", "combined", "auto"):
-            drafter = ModelDrafter(kv(self.draft), sampling, p_min=spec.draft_p_min, n_vocab_target=self.target.n_vocab)
+            drafter = ModelDrafter(kv(self.draft), sampling, p_min=spec.draft_p_min, n_vocab_target=self.target.n_vocab,
+                                   token_map=self.token_map)
         ngram = None
         if spec.mode in ("ngram", "combined", "auto"):
             if seq is None and spec.mode == self.spec.mode:

@@ -13,11 +13,15 @@ from . import models, profile_store
 from .backend.model import LoadParams
 from .config import LoadConfig, SpecConfig
 from .controller import CostModel
+from .draft_auto import best_draft, rank_drafts
 from .engine import Engine, EngineConfig
 from .errors import InputError
 from .gguf import read_gguf
 from .hardware import HardwareInfo, detect
 from .plan import ModelPlacement, ModelShape, Plan, make_plan
+
+
+AUTO = "auto"  # --draft auto: pick the draft among the models on this machine
 
 
 @dataclass(frozen=True)
@@ -62,18 +66,23 @@ class Resolved:
     profile: dict | None
     rpc: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # one line each for the user, e.g. which draft `--draft auto` picked
 
 
 def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: HardwareInfo | None = None,
             kernels: str = "fast") -> Resolved:
     choice = ModelChoice(load.target, load.draft if spec.uses_draft_model else None)
     target_path = models.resolve(choice.target, progress=progress)
-    draft_path = models.resolve(choice.draft, progress=progress) if choice.draft else None
+    auto = choice.draft == AUTO
+    draft_path = models.resolve(choice.draft, progress=progress) if choice.draft and not auto else None
     if load.rpc:
         from .backend import rpc
 
         rpc.connect(load.rpc)  # before detect(): the servers' devices join the ones it lists
     hw = hardware or detect()
+    notes: tuple[str, ...] = ()
+    if auto:
+        choice, draft_path, notes = _auto_draft(choice, target_path, hw, load)
     plan = make_plan(
         hw,
         ModelShape.from_gguf(read_gguf(target_path)),
@@ -93,7 +102,19 @@ def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: Hard
         # A profile measured without the draft still knows the target's verify costs.
         saved = profile_store.load_profile(hw, profile_key(target_path), None)
     cost, warnings = _cost(saved, kernels)
-    return Resolved(choice, target_path, draft_path, hw, plan, cost, saved, load.rpc, warnings)
+    return Resolved(choice, target_path, draft_path, hw, plan, cost, saved, load.rpc, warnings, notes)
+
+
+def _auto_draft(choice: ModelChoice, target_path: Path, hw: HardwareInfo, load: LoadConfig):
+    """`--draft auto`: the best compatible draft on this machine, or none (the n-gram drafter remains)."""
+    ranked = rank_drafts(target_path, hw, n_ctx=load.n_ctx, type_k=load.type_k, type_v=load.type_v,
+                         gpu_memory=load.gpu_memory)
+    best = best_draft(ranked)
+    if best is None:
+        why = f"{len(ranked)} compatible, none fits beside the target" if ranked else "none compatible on this machine"
+        return ModelChoice(choice.target, None), None, (f"--draft auto: no draft model ({why}; edgespec doctor {choice.target} --drafts)",)
+    return (ModelChoice(choice.target, best.model.ref), best.model.path,
+            (f"--draft auto: {best.line()}",))
 
 
 def _cost(saved: dict | None, kernels: str) -> tuple[CostModel | None, tuple[str, ...]]:

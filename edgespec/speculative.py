@@ -344,9 +344,7 @@ class SpeculativeDecoder:
         """While the draft model looks unprofitable, try it now and then (backing off) in case that changed."""
         if not self.controller.could_pay(self.controller.cost.draft_cost, k_cap):
             return 0
-        cached = self.drafter.model.tokens
-        # (the length check first: this runs every round while the draft is off, and the scan is O(context))
-        if len(ctx) - len(cached) > self.PROBE_CATCHUP_MAX or len(ctx) - common_prefix_len(cached, ctx) > self.PROBE_CATCHUP_MAX:
+        if self.drafter.behind(ctx) > self.PROBE_CATCHUP_MAX:
             return 0
         self._rounds_off += 1
         if self._rounds_off < self._probe_gap:
@@ -377,7 +375,7 @@ class SpeculativeDecoder:
 
     def _settle(self, ctx: list[int]) -> None:
         """Leave each KV cache holding a prefix of what was emitted (nothing beyond a stop)."""
-        for model in (self.target, self.drafter.model if self.drafter else None):
-            if model is not None:
-                model.trim(common_prefix_len(model.tokens, ctx))
+        self.target.trim(common_prefix_len(self.target.tokens, ctx))
+        if self.drafter is not None:
+            self.drafter.settle(ctx)
         self._shadow = None

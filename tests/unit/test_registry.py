@@ -16,11 +16,13 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec import models
+from edgespec.models import registry
+from edgespec.models.sources import hf as hf_source
 from edgespec.commands import cli
 from edgespec.commands.root import main
 from edgespec.errors import ConfigError
 
-ROOT = Path(models.__file__).resolve().parents[1]
+ROOT = Path(models.__file__).resolve().parents[2]
 SHA = "b" * 64
 BUILTIN_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 SMOL = "smollm2-135m-instruct-q4_1"
@@ -82,7 +84,7 @@ def test_builtin_registry_found_without_the_package_copy(monkeypatch):
             raise FileNotFoundError(name)
 
     name = "models.toml"
-    monkeypatch.setattr(models.resources, "files", lambda pkg: Missing())
+    monkeypatch.setattr(registry.resources, "files", lambda pkg: Missing())
     assert models._builtin_registry_bytes() == (ROOT / "models.toml").read_bytes()
 
 
@@ -206,7 +208,7 @@ def test_an_explicit_registry_file_stays_strict(tmp_path):
 
 
 def test_the_builtin_registry_stays_strict(monkeypatch):
-    monkeypatch.setattr(models, "_builtin_registry_bytes", lambda: b'default_pair = 3\n')
+    monkeypatch.setattr(registry, "_builtin_registry_bytes", lambda: b'default_pair = 3\n')
     with pytest.raises(ConfigError, match=r"^models.toml \(built-in\): default_pair must be a string"):
         models.load_registry()
 
@@ -250,7 +252,7 @@ def test_a_user_model_resolves_by_name(home, monkeypatch):
 
     content = b"GGUF-but-not-really" * 10
     user_toml(home, MY_MODEL.replace("size = 1234", f"size = {len(content)}").replace(SHA, hashlib.sha256(content).hexdigest()))
-    monkeypatch.setattr(models, "_hf_download", lambda repo, file, progress: _write(home / "dl.bin", content))
+    monkeypatch.setattr(hf_source, "_hf_download", lambda repo, file, progress: _write(home / "dl.bin", content))
     path = models.pull("my-model")
     assert path == models.cached_path(models.load_registry().models["my-model"]) and path.read_bytes() == content
 

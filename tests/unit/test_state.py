@@ -13,6 +13,8 @@ import os
 import pytest
 
 from edgespec import models, profile_store
+from edgespec.models import store
+from edgespec.models.sources import hf as hf_source
 from edgespec.commands.root import main
 from edgespec.hardware import GiB, HardwareInfo
 
@@ -51,8 +53,8 @@ def source(monkeypatch, tmp_path):
         path.write_bytes(CONTENT)
         return path
 
-    monkeypatch.setattr(models, "_hf_download", download)
-    monkeypatch.setattr(models, "_hf_cached", lambda repo, file: None)
+    monkeypatch.setattr(hf_source, "_hf_download", download)
+    monkeypatch.setattr(hf_source, "_hf_cached", lambda repo, file: None)
     return calls
 
 
@@ -108,7 +110,7 @@ def test_wrong_file_is_not_used_and_says_so(caplog, source, content, why, sideca
 def test_a_record_newer_than_the_file_is_trusted_without_hashing(caplog, monkeypatch):
     path, side = put_in_cache(CONTENT, None)
     side.write_text(f"{SHA}  tiny.gguf\n")
-    monkeypatch.setattr(models, "_hash_file", lambda *a: pytest.fail("hashed a verified file"))
+    monkeypatch.setattr(store, "_hash_file", lambda *a: pytest.fail("hashed a verified file"))
     assert models.resolve("tiny", allow_download=False) == path and warnings_of(caplog) == []
 
 

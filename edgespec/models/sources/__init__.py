@@ -1,0 +1,1 @@
+"""Where registry models come from, one module per source."""
