@@ -11,7 +11,7 @@ from typing import Iterator, Sequence
 
 from .backend.model import LlamaModel, LoadParams
 from .batch import Batcher
-from .config import SpecConfig
+from .config import DraftLimits, Mode, SpecConfig
 from .compat import Pairing, TokenMap, pair_vocabularies
 from .controller import Controller, CostModel
 from .errors import ContextError, InputError
@@ -35,13 +35,6 @@ class EngineConfig:
     cost: CostModel | None = None  # measured by `edgespec profile`; None: a CPU-shaped prior
     exact: bool = False  # True: batch-invariant target kernels, greedy output identical to plain decoding
     n_seq: int = 1  # sequences decoded together (serve --parallel); each has the full context
-
-
-def default_draft_max(cost: CostModel | None) -> int:
-    """Draft as far as the profile measured verify batches (a batch holds the drafts plus one token):
-    beyond that the cost model only extrapolates. 16 without a profile."""
-    measured = [k for k in (cost.verify if cost else {}) if k > 1]
-    return max(1, min(64, max(measured) - 1)) if measured else 16
 
 
 def check_compatible(target_path: Path, draft_path: Path) -> Pairing:
@@ -68,7 +61,7 @@ class Engine:
         else:
             self.target, self.draft, self.token_map = self._load(config)
         self.cost = config.cost or CostModel()
-        self.draft_max = config.spec.draft_max or default_draft_max(config.cost)
+        self.limits = DraftLimits.of(config.spec, config.cost)
         self._controller: Controller | None = None
         self.last_controller: Controller | None = None  # the one the latest decoder used (for its notices)
         # Sequence 0's n-gram drafter lives as long as the session, like its controller: in a chat
@@ -137,9 +130,9 @@ class Engine:
     def _new_controller(self, mode: str, learn_timing: bool) -> Controller:
         return Controller(
             replace(self.cost, verify=dict(self.cost.verify)),
-            k_min=self.spec.draft_min,
-            k_max=max(self.draft_max, self.spec.draft_min),
-            allow_off=mode == "auto",
+            k_min=self.limits.draft_min,
+            k_max=self.limits.draft_max,
+            allow_off=Mode(mode).adaptive,
             learn_timing=learn_timing,
             priors=PRIORS,
         )
@@ -168,20 +161,20 @@ class Engine:
             return model if seq is None else model.seq(seq)
 
         drafter = None
-        if self.draft is not None and spec.mode in ("draft", "combined", "auto"):
+        if self.draft is not None and spec.mode.uses_draft_model:
             drafter = ModelDrafter(kv(self.draft), sampling, p_min=spec.draft_p_min, n_vocab_target=self.target.n_vocab,
                                    token_map=self.token_map)
         ngram = None
-        if spec.mode in ("ngram", "combined", "auto"):
+        if spec.mode.uses_ngram:
             if seq is None and spec.mode == self.spec.mode:
                 if self._ngram is None:
                     self._ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
                 ngram = self._ngram
             else:
                 ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
-        if spec.mode in ("draft",) and drafter is None:
+        if spec.mode is Mode.DRAFT and drafter is None:
             raise InputError("--spec draft needs a draft model: pass -md/--model-draft or --pair")
-        settings = SpecSettings(mode=spec.mode, draft_min=spec.draft_min, draft_max=max(self.draft_max, spec.draft_min))
+        settings = SpecSettings(mode=spec.mode, draft_min=self.limits.draft_min, draft_max=self.limits.draft_max)
         if seq is None:
             ctl = self.last_controller = self.controller(sampling, spec.mode)
         else:

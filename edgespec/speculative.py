@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .config import DEFAULT_DRAFT_MAX, Mode
 from .controller import Controller, Load
 from .drafters import EMPTY, Draft, Model, ModelDrafter, NgramDrafter, common_prefix_len, sync_kv
 from .errors import ContextError
@@ -103,11 +104,14 @@ class LoopStats:
 
 @dataclass(frozen=True)
 class SpecSettings:
-    mode: str = "auto"  # off | ngram | draft | combined | auto
+    mode: Mode = Mode.AUTO
     draft_min: int = 1
-    draft_max: int = 16
+    draft_max: int = DEFAULT_DRAFT_MAX
     probe_every: int = 16  # rounds between probes of an "off" draft model (doubles while it stays off)
     probe_max: int = 256
+
+    def __post_init__(self):
+        object.__setattr__(self, "mode", Mode(self.mode))
 
 
 class SpeculativeDecoder:
@@ -308,12 +312,12 @@ class SpeculativeDecoder:
     def _draft(self, ctx: list[int], k_cap: int) -> Draft:
         mode = self.settings.mode
         self._expected = 1.0
-        if mode == "off":
+        if mode is Mode.OFF:
             return EMPTY
         c = self.controller
         load = self._load
         candidate = EMPTY
-        if self.ngram is not None and mode in ("ngram", "combined", "auto"):
+        if self.ngram is not None and mode.uses_ngram:
             proposal = self.ngram.propose(ctx, min(k_cap, c.k_max))
             if proposal.tokens:
                 choice = c.choose(proposal.key, 0.0, len(proposal.tokens), prior=proposal.prior,
@@ -323,7 +327,7 @@ class SpeculativeDecoder:
                 else:
                     candidate = replace(proposal, tokens=proposal.tokens[: choice.k])
                     self._expected = choice.expected_tokens
-        if candidate.tokens or self.drafter is None or mode not in ("draft", "combined", "auto"):
+        if candidate.tokens or self.drafter is None or not mode.uses_draft_model:
             return candidate
         choice = c.choose("draft", c.cost.draft_cost, k_cap, load=load)
         self._expected = choice.expected_tokens
@@ -336,8 +340,8 @@ class SpeculativeDecoder:
         return self.drafter.propose(ctx, k) if k > 0 else EMPTY
 
     # A probe is a bet of a few drafted tokens, but a draft model that has not seen the context must
-    # first decode all of it: after a 600-token prompt that catch-up cost 7.7 s on 2 cores (about 90
-    # target tokens), on a model the costs already said does not pay. Probe only a cache this close.
+    # first decode all of it (after a long prompt that costs more than the probe could win back, on
+    # a model the costs already said does not pay; README: "the probe rule"). Probe only a cache this close.
     PROBE_CATCHUP_MAX = 32
 
     def _probe_k(self, ctx: list[int], k_cap: int) -> int:

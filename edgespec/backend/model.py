@@ -18,10 +18,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ..config import KV_CACHE_TYPES
 from ..errors import BackendError, ContextError, ModelFileError
 from . import devices
 
-KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 
 
 def _llama():
@@ -43,7 +43,7 @@ _verbose = False
 # attention's split-KV path (1 row once the cache passes 512 cells) and llamafile's sgemm (2+ rows
 # of F16 attention). An "exact" target therefore loads without repacking and flash attention,
 # verifies at most EXACT_MAX_BATCH rows at once (below the tiled threshold), and needs a build
-# with -DGGML_LLAMAFILE=OFF (scripts/setup does that). --fast-kernels trades exactness for speed.
+# with -DGGML_LLAMAFILE=OFF (scripts/setup does that). The default (fast) kernels trade exactness for speed.
 EXACT_MAX_BATCH = 7
 MAX_SEQ = 256  # LLAMA_MAX_SEQ: llama.cpp's own limit on sequences in one context
 
@@ -151,9 +151,9 @@ class LoadParams:
         if not 1 <= self.n_seq <= MAX_SEQ:
             raise BackendError(f"sequences per context must be in 1..{MAX_SEQ} (got {self.n_seq})")
         for name in ("type_k", "type_v"):
-            if getattr(self, name) not in KV_TYPES:
+            if getattr(self, name) not in KV_CACHE_TYPES:
                 raise BackendError(
-                    f"unknown KV cache type {getattr(self, name)!r}; choose one of {', '.join(KV_TYPES)}"
+                    f"unknown KV cache type {getattr(self, name)!r}; choose one of {', '.join(KV_CACHE_TYPES)}"
                 )
 
 
@@ -303,8 +303,8 @@ class LlamaModel:
         threads = p.n_threads or default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = p.n_threads_batch or threads
-        cp.type_k = KV_TYPES[p.type_k]
-        cp.type_v = KV_TYPES[p.type_v]
+        cp.type_k = KV_CACHE_TYPES[p.type_k].ggml_type
+        cp.type_v = KV_CACHE_TYPES[p.type_v].ggml_type
         cp.no_perf = True
         # flash attention: auto (-1) when speed matters, off (0) for batch-invariant logits
         cp.flash_attn_type = -1 if p.fast else 0

@@ -13,7 +13,7 @@ from edgespec.bench.prompts import (BenchPrompt, filter_categories, load_prompts
 from edgespec.bench.results import NEAR_TIE_LOGIT, BenchResult, compare_runs, first_difference, verify_runs
 from edgespec.bench.runner import BenchEvent, run_bench
 from edgespec.bench.stats import Run, aggregate, measure, median, speedup, speedup_overlaps_one
-from edgespec.config import SpecConfig
+from edgespec.config import DraftLimits, SpecConfig
 from edgespec.controller import CostModel
 from edgespec.engine import Engine
 from edgespec.errors import InputError
@@ -219,7 +219,7 @@ class FakeEngine(Engine):
     def __init__(self, with_draft=True, lm_seed=3):
         self.config = None
         self.spec = SpecConfig(mode="auto", draft_max=6)
-        self.draft_max = 6
+        self.limits = DraftLimits(1, 6)
         self.target = BenchModel(table_lm(lm_seed), n_ctx=512)
         self.draft = BenchModel(table_lm(lm_seed), n_ctx=512) if with_draft else None
         self.cost = CostModel()

@@ -6,7 +6,6 @@ import pytest
 
 from edgespec.config import DraftLimits, SpecConfig
 from edgespec.controller import Controller, CostModel, candidate_ks, speedup
-from edgespec.engine import default_draft_max
 
 # A small CPU with repacked weights: a 2-row batch costs 2 rows, large batches are cheap per row
 # (measured shape on this project's 2-core machines: v(16) ~ 7.8, v(64) ~ 23.5).
@@ -60,7 +59,6 @@ def test_candidate_grid():
 )
 def test_default_draft_max_follows_what_the_profile_measured(verify, expected):
     cost = CostModel(verify=verify) if verify else None
-    assert default_draft_max(cost) == expected
     assert DraftLimits.of(SpecConfig(), cost) == DraftLimits(1, expected)  # the engine's rule, in one place
 
 
