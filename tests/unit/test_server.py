@@ -602,7 +602,8 @@ def test_connections_that_send_no_request_head_are_closed():
             answer.start()
             assert s.engine.waiting.wait(PATIENCE)
             wait_until(lambda: s.worker.counts["requests"] == 1)
-            time.sleep(0.6)  # past the head deadline, while the request is in progress (not a timing assertion)
+            with socket.create_connection(("127.0.0.1", s.port)) as later:  # its deadline ends after the request's
+                assert closed_by_server(later)
             s.engine.gate.set()
             answer.join(PATIENCE)
             assert results[0].status_code == 200
