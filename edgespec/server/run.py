@@ -195,12 +195,12 @@ class _Server(uvicorn.Server):
 
 
 def make_server(app, on_stop: Callable[[], None], *, grace_s: float = GRACE_S,
-                head_timeout_s: float = HEAD_TIMEOUT_S) -> uvicorn.Server:
+                head_timeout_s: float = HEAD_TIMEOUT_S, keep_alive_s: float = KEEP_ALIVE_S) -> uvicorn.Server:
     """A uvicorn server whose handle_exit calls on_stop, then stops gracefully; responses still
     open after grace_s are cancelled and answered with the shutting_down error."""
     protocol = type("EdgespecH11Protocol", (_Protocol,), {"head_timeout_s": head_timeout_s})
     config = uvicorn.Config(AnswerWhenCancelled(app), lifespan="off", log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=grace_s, timeout_keep_alive=KEEP_ALIVE_S,
+                            timeout_graceful_shutdown=grace_s, timeout_keep_alive=keep_alive_s,
                             http=protocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
     return _Server(config, on_stop)
 

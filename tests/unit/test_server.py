@@ -121,12 +121,13 @@ class FakeEngine:
 
 
 @contextlib.contextmanager
-def served(engine=None, *, max_queue: int = 8, grace_s: float = 5.0, head_timeout_s: float = 10.0, **settings):
+def served(engine=None, *, max_queue: int = 8, grace_s: float = 5.0, head_timeout_s: float = 10.0,
+           keep_alive_s: float = 5, **settings):
     engine = engine or FakeEngine()
     worker = Worker(engine, max_queue)
     app = create_app(worker, Settings(model_id="fake-model", **settings))
     sock = bind("127.0.0.1", free_port())
-    server = make_server(app, worker.shutdown, grace_s=grace_s, head_timeout_s=head_timeout_s)
+    server = make_server(app, worker.shutdown, grace_s=grace_s, head_timeout_s=head_timeout_s, keep_alive_s=keep_alive_s)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     handle = type("Served", (), {})()
@@ -610,6 +611,16 @@ def test_connections_that_send_no_request_head_are_closed():
             assert client.get(f"{s.url}/v1/models").status_code == 200
 
 
+def test_idle_keep_alive_connections_are_closed_and_heads_are_bounded():
+    with served(keep_alive_s=0.3) as s:
+        with socket.create_connection(("127.0.0.1", s.port)) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert closed_by_server(conn)  # after its response, idle
+        with socket.create_connection(("127.0.0.1", s.port), timeout=PATIENCE) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (20 << 10))  # 20 KiB, no end
+            assert conn.recv(4096).startswith(b"HTTP/1.1 400")
+
+
 # ---- shutdown: what uvicorn cancels still ends as documented ------------------------------------
 @contextlib.contextmanager
 def uvicorn_errors():
@@ -642,12 +653,35 @@ def test_responses_cancelled_at_shutdown_end_with_shutting_down():
             s.server.handle_exit(signal.SIGINT, None)
             rest = sse_events(lines)  # the held generation never reaches its next token
         queued.join(PATIENCE)
+        with pytest.raises(httpx.ConnectError):  # the port closed at the stop
+            httpx.get(f"{s.url}/health")
         assert rest[-1]["error"]["code"] == "shutting_down"
         assert waiting[0].status_code == 503 and waiting[0].json()["error"]["code"] == "shutting_down"
         s.thread.join(PATIENCE)
         assert not s.thread.is_alive()
     crashes = [r for r in errors if r.exc_info or "Exception in ASGI" in r.getMessage()]
     assert not crashes, [r.getMessage() for r in crashes]
+
+
+def test_a_signal_stops_the_wait_for_the_generation_thread():
+    from edgespec.commands.serve import STOP_WAIT_S, _join
+
+    class Stuck:  # a generation thread inside one long llama.cpp call
+        def join(self, timeout=None):
+            time.sleep(timeout or 0)
+            return False
+
+    signals = StopSignals()
+    threading.Timer(0.2, signals.received.append, (signal.SIGINT,)).start()
+    started = time.monotonic()
+    assert _join(Stuck(), signals) is False
+    assert len(signals.received) == 1 and time.monotonic() - started < STOP_WAIT_S  # it did not wait it out
+
+    class Done:
+        def join(self, timeout=None):
+            return True
+
+    assert _join(Done(), StopSignals()) is True
 
 
 def test_stop_signals_never_raise_and_reach_every_listener():
