@@ -130,10 +130,10 @@ def serve(host, port, api_key, alias, max_queue, max_tokens_cap, max_request_byt
             run_server(create_app(worker, settings), sock, worker.shutdown, signals)
         finally:
             worker.shutdown()
-            stopped = _join(worker, signals)
-            if stopped:
-                engine.close()
-        _leave(err, "server stopped" if stopped else "server stopped (a generation was still running)")
+            if not _join(worker, signals):  # it is inside llama.cpp: never free the models under it
+                _leave(err, "server stopped (a generation was still running)")
+            engine.close()
+        _leave(err, "server stopped")
 
 
 STOP_WAIT_S = 10.0  # how long a stopped server waits for the generation thread to leave llama.cpp

@@ -893,7 +893,8 @@ def test_server_package_reaches_the_models_only_through_the_engine():
     import subprocess
     import sys
 
-    code = ("import sys, edgespec.server.app, edgespec.server.run, edgespec.server.worker, edgespec.server.schemas; "
+    code = ("import sys, edgespec.server.app, edgespec.server.run, edgespec.server.worker, edgespec.server.schemas, "
+            "edgespec.server.guard; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('llama_cpp', 'rich')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
