@@ -339,6 +339,16 @@ def test_caps_max_tokens_and_the_body_size(small):
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(small):
+    """3.9 MiB of text is at least ~50k tokens for smollm2 (no token is longer than 81 bytes): refused from
+    its size ("at least"), not after tokenizing a million tokens ("the prompt is N tokens")."""
+    text = "lorem ipsum dolor sit amet " * 150_000
+    r = httpx.post(f"{small.url}/v1/completions", headers=small.headers(KEY), timeout=PATIENCE,
+                   content=json.dumps({"prompt": text, "max_tokens": 1}))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert "at least" in r.json()["error"]["message"], r.json()
+
+
 def test_a_denormal_temperature_samples_as_greedy(small):
     client = small.client()
     greedy = client.chat.completions.create(model=SMALL, messages=COUNT, max_tokens=12, temperature=0)
