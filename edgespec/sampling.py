@@ -12,6 +12,13 @@ import numpy as np
 
 from .errors import ConfigError
 
+# A temperature below this samples as greedy (argmax). At T = 1e-5 the runner-up keeps less than
+# float64's epsilon (2^-52, e^-36) of the top token's probability unless their logits lie within
+# 36·T ≈ 4e-4 of each other, so sampling returned the argmax anyway; and dividing float32-sized
+# logits by a denormal temperature (1e-310) overflows to inf and turns the distribution into NaN
+# (garbage tokens). vLLM draws the line at the same 1e-5 (_SAMPLING_EPS).
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -39,7 +46,7 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 def apply_repeat_penalty(logits: np.ndarray, history: Sequence[int], cfg: SamplingConfig) -> np.ndarray:

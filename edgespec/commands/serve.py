@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -37,6 +39,36 @@ def _open_slots(kw, spec, parallel: int | None):
             n -= 1
 
 
+class OriginType(click.ParamType):
+    """A web page origin as browsers send it (scheme://host[:port], no path), or '*'."""
+
+    name = "ORIGIN"
+
+    def convert(self, value, param, ctx):
+        if value == "*":
+            return value
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") \
+                or parts.query or parts.fragment or parts.username:
+            self.fail(f"{value!r} is not an origin: scheme://host[:port], e.g. http://localhost:3000 (or '*')", param, ctx)
+        return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+_HOST_NAME = re.compile(r"^(\[[0-9a-f:.]+\]|[a-z0-9._:-]+)$")
+
+
+class HostNameType(click.ParamType):
+    """A name or address clients reach the server by (the Host header, port ignored), or '*'."""
+
+    name = "HOST"
+
+    def convert(self, value, param, ctx):
+        name = value.strip().lower()
+        if name != "*" and not _HOST_NAME.match(name):
+            self.fail(f"{value!r} is not a host name or address (no scheme or path: e.g. mybox.lan)", param, ctx)
+        return name
+
+
 # ---- serve -------------------------------------------------------------------------------------
 @cli.command(context_settings=CONTEXT)
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="EDGESPEC_HOST",
@@ -55,9 +87,16 @@ def _open_slots(kw, spec, parallel: int | None):
               help="Largest max_tokens a request may ask for (more: 400).")
 @click.option("--max-request-bytes", type=click.IntRange(1024), default=4 << 20, show_default=True,
               help="Largest request body (more: 413).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, type=HostNameType(),
+              help="Also accept requests whose Host header names this (repeatable; '*' accepts any). "
+                   "By default only the names of the --host address are (a guard against DNS rebinding).")
+@click.option("--cors", "cors_origins", multiple=True, type=OriginType(),
+              help="Let web pages from this origin call the API (repeatable; '*' for any). "
+                   "By default requests from browsers (with an Origin header) are refused.")
 @model_options
 @sampling_options
-def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max_tokens_cap, max_request_bytes, **kw):
+def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max_tokens_cap, max_request_bytes,
+          allowed_hosts, cors_origins, **kw):
     """Serve the models over an OpenAI-compatible API until Ctrl-C / SIGTERM.
 
     \b
@@ -71,8 +110,9 @@ def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max
     """
     from ..render import stderr_console
     from ..server.app import Settings, create_app
-    from ..server.run import bind, is_loopback, serve as run_server
+    from ..server.run import StopSignals, bind, is_loopback, serve as run_server
     from ..server.scheduler import Scheduler
+    from ..server.schemas import PromptLimits
 
     spec, sampling = spec_config(kw), sampling_config(kw)
     if kw["max_tokens"] < 1:
@@ -91,25 +131,55 @@ def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max
     except BaseException:
         sock.close()
         raise
-    worker = Scheduler(engine, max_queue)
-    settings = Settings(
-        model_id=alias or served_name(resolved.choice.target, resolved.target_path),
-        sampling=sampling, max_tokens=kw["max_tokens"], max_tokens_cap=max_tokens_cap,
-        max_request_bytes=max_request_bytes, stop=tuple(kw["stop"]), api_key=api_key, priority=default_priority,
-    )
-    shown = f"[{host}]" if ":" in host else host
-    draft = f" + {resolved.draft_path.stem}" if engine.draft is not None else ""
-    err.print(f"edgespec serve: [bold]http://{shown}:{port}/v1[/]  model {settings.model_id}{draft}, spec {spec.mode}, "
-              f"{engine.n_seq} parallel"
-              f"{', API key required' if api_key else ''}  (Ctrl-C stops)")
-    run_server(create_app(worker, settings), sock, worker.shutdown)
-    worker.shutdown()
-    if not worker.join(timeout=3):
-        # Still inside one long llama.cpp call (a big prompt's prefill): freeing the models under
-        # it would crash, and the process is leaving anyway.
-        err.print("server stopped (a generation was still running)")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    engine.close()
-    err.print("server stopped")
+    signals = StopSignals()
+    try:
+        limits = PromptLimits.of(engine.target)  # before the worker thread owns the engine
+    except BaseException:
+        engine.close()
+        raise
+    # From here until the models are freed a signal only asks the server to stop (StopSignals).
+    with signals.installed():
+        worker = Scheduler(engine, max_queue)
+        try:
+            settings = Settings(
+                model_id=alias or served_name(resolved.choice.target, resolved.target_path),
+                sampling=sampling, max_tokens=kw["max_tokens"], max_tokens_cap=max_tokens_cap,
+                max_request_bytes=max_request_bytes, stop=tuple(kw["stop"]), api_key=api_key,
+                priority=default_priority, bind_host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins, prompt_limits=limits,
+            )
+            shown = f"[{host}]" if ":" in host else host
+            draft = f" + {resolved.draft_path.stem}" if engine.draft is not None else ""
+            err.print(f"edgespec serve: [bold]http://{shown}:{port}/v1[/]  model {settings.model_id}{draft}, "
+                      f"spec {spec.mode}, {engine.n_seq} parallel{', API key required' if api_key else ''}  (Ctrl-C stops)")
+            run_server(create_app(worker, settings), sock, worker.shutdown, signals)
+        finally:
+            worker.shutdown()
+            if not _join(worker, signals):  # it is inside llama.cpp: never free the models under it
+                _leave(err, "server stopped (a generation was still running)")
+            engine.close()
+        _leave(err, "server stopped")
+
+
+STOP_WAIT_S = 10.0  # how long a stopped server waits for the generation thread to leave llama.cpp
+
+
+def _join(worker, signals) -> bool:
+    """Wait for the generation thread; a further signal stops the wait."""
+    seen = len(signals.received)
+    waited = 0.0
+    while waited < STOP_WAIT_S and len(signals.received) == seen:
+        if worker.join(timeout=0.1):
+            return True
+        waited += 0.1
+    return worker.join(timeout=0)
+
+
+def _leave(err, line: str) -> None:
+    """Exit 0 now, still under StopSignals: past this point the default handlers would be back, and
+    a Ctrl-C during the interpreter's exit would end the process by the signal (or a traceback).
+    The models are freed, or still in use by a thread inside llama.cpp that must not see them freed:
+    either way nothing is left to clean up."""
+    err.print(line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

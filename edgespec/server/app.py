@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -22,8 +24,9 @@ from ..errors import EdgespecError
 from ..generate import Chunk, Final
 from ..sampling import SamplingConfig
 from ..template import Message
-from .schemas import ROLE_ALIASES, APIError, ChatRequest, CompletionRequest, Shape, error_body, parse, sse
+from .guard import Guard
 from .scheduler import Failed, Job, QueueFull, Scheduler, Stopping
+from .schemas import ROLE_ALIASES, APIError, ChatRequest, CompletionRequest, PromptLimits, Shape, error_body, parse, sse
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,10 @@ class Settings:
     api_key: str | None = None
     retry_after_s: int = 2
     priority: int = 0  # when a request sets none (lower is served first)
+    bind_host: str = "127.0.0.1"  # with allowed_hosts: the Host names accepted (server/guard.py)
+    allowed_hosts: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()  # web page origins allowed to call (none by default)
+    prompt_limits: PromptLimits | None = None  # refuses a prompt that cannot fit before it is tokenized
 
 
 def _api_error(failed: Failed) -> APIError:
@@ -162,7 +169,7 @@ def create_app(worker: Scheduler, settings: Settings) -> Starlette:
 
     async def chat_completions(request: Request):
         check_auth(request)
-        req = parse(ChatRequest, await read_body(request))
+        req = parse(ChatRequest, await read_body(request), settings.prompt_limits)
         try:
             messages = [Message(ROLE_ALIASES.get(m.role, m.role), m.text()) for m in req.messages]
         except EdgespecError as err:
@@ -172,7 +179,7 @@ def create_app(worker: Scheduler, settings: Settings) -> Starlette:
 
     async def completions(request: Request):
         check_auth(request)
-        req = parse(CompletionRequest, await read_body(request))
+        req = parse(CompletionRequest, await read_body(request), settings.prompt_limits)
         text = req.prompt_text()
         if not text:
             raise APIError(400, "prompt: empty prompt", param="prompt")
@@ -215,6 +222,15 @@ def create_app(worker: Scheduler, settings: Settings) -> Starlette:
             Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
             Route(f"{prefix}/completions", completions, methods=["POST"]),
         ]
-    return Starlette(routes=routes, exception_handlers={
+    middleware = [Middleware(Guard, bind_host=settings.bind_host, allowed_hosts=settings.allowed_hosts,
+                             cors_origins=settings.cors_origins)]
+    if settings.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                                     allow_methods=["GET", "POST"], allow_headers=["*"],
+                                     expose_headers=["Retry-After"], max_age=600))
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={
         APIError: on_api_error, HTTPException: on_http_error, Exception: on_internal_error,
     })
+    # A trailing-slash redirect would copy the request's Host header into its Location: a 404 instead.
+    app.router.redirect_slashes = False
+    return app

@@ -107,3 +107,26 @@ def test_repeat_penalty_lowers_seen_tokens():
 def test_invalid_sampling_values(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         SamplingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 5e-324, 1e-300, 1e-6, 9.99e-6])
+def test_tiny_and_denormal_temperatures_are_greedy(temperature):
+    from edgespec.sampling import GREEDY_BELOW
+
+    cfg = SamplingConfig(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0)
+    assert temperature < GREEDY_BELOW and cfg.greedy
+    logits = np.array([3.0, 30.5, 30.4, -2.0], dtype=np.float32)
+    with np.errstate(all="raise"):  # an overflow or a NaN would raise here
+        probs = warp(logits, cfg)
+    assert probs.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_the_smallest_sampled_temperature_does_not_overflow():
+    from edgespec.sampling import GREEDY_BELOW
+
+    cfg = SamplingConfig(temperature=GREEDY_BELOW, top_k=0, top_p=1.0, min_p=0.0)
+    assert not cfg.greedy
+    logits = np.array([3.0, 30.5, 30.5, -2.0], dtype=np.float32)  # an exact tie stays a coin flip
+    with np.errstate(over="raise", invalid="raise"):
+        probs = warp(logits, cfg)
+    assert np.isfinite(probs).all() and probs[1] == probs[2] == 0.5
