@@ -10,10 +10,15 @@ test can keep a request in flight), and the threads that touch it are recorded.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from edgespec.backend.model import LoadParams
+from edgespec.engine import Engine, EngineConfig
+
+REPLY = "Hello from the fake model, one token at a time."
 EOS, BOS = 0, 1
 OFFSET = 2  # token id = byte value + OFFSET
 VOCAB = 256 + OFFSET
@@ -137,3 +142,31 @@ class FakeLlama:
 
     def close(self) -> None:
         pass
+
+
+class FakeEngine(Engine):
+    """The real Engine (decoders, batcher, controller) over a fake multi-sequence model."""
+
+    def __init__(self, reply: str = REPLY, *, n_seq: int = 1, n_ctx: int = 2048):
+        target = FakeLlama(reply, n_seq=n_seq, n_ctx=n_ctx)
+        super().__init__(EngineConfig(Path("fake.gguf"), LoadParams(), n_seq=n_seq), models=(target, None))
+        self.gate, self.waiting, self.threads = target.gate, target.held, target.threads
+        self.generations: list[dict] = []  # per admitted request: sampling, max_tokens, emitted, closed
+
+    def decoder(self, sampling, mode=None, **kw):
+        dec = super().decoder(sampling, mode, **kw)
+        record = {"emitted": 0, "sampling": sampling, "closed": False}
+        self.generations.append(record)
+        apply, close = dec.apply, dec.close
+
+        def counted_apply(*args):
+            events = apply(*args)
+            record["emitted"] += len(events)
+            return events
+
+        def recorded_close():
+            record["closed"] = True
+            close()
+
+        dec.apply, dec.close = counted_apply, recorded_close
+        return dec

@@ -23,8 +23,6 @@ import httpx
 import openai
 import pytest
 
-from edgespec.backend.model import LoadParams
-from edgespec.engine import Engine, EngineConfig
 from edgespec.sampling import SamplingConfig
 from edgespec.server.app import Settings, create_app
 from edgespec.server.guard import HostRule
@@ -33,9 +31,8 @@ from edgespec.server.scheduler import Scheduler
 from edgespec.server.schemas import APIError, ChatRequest, CompletionRequest, PromptLimits, parse
 from edgespec.template import Message
 
-from .fake_llama import FakeLlama
+from .fake_llama import REPLY, FakeEngine
 
-REPLY = "Hello from the fake model, one token at a time."
 # Every wait is on a condition; this only bounds how long a broken server can hang a test. It is
 # generous on purpose: the machine running the tests may be busy.
 PATIENCE = 60.0
@@ -56,34 +53,6 @@ def common_prefix(a, b) -> int:
             break
         n += 1
     return n
-
-
-class FakeEngine(Engine):
-    """The real Engine (decoders, batcher, controller) over a fake multi-sequence model."""
-
-    def __init__(self, reply: str = REPLY, *, n_seq: int = 1, n_ctx: int = 2048):
-        target = FakeLlama(reply, n_seq=n_seq, n_ctx=n_ctx)
-        super().__init__(EngineConfig(Path("fake.gguf"), LoadParams(), n_seq=n_seq), models=(target, None))
-        self.gate, self.waiting, self.threads = target.gate, target.held, target.threads
-        self.generations: list[dict] = []  # per admitted request: sampling, max_tokens, emitted, closed
-
-    def decoder(self, sampling, mode=None, **kw):
-        dec = super().decoder(sampling, mode, **kw)
-        record = {"emitted": 0, "sampling": sampling, "closed": False}
-        self.generations.append(record)
-        apply, close = dec.apply, dec.close
-
-        def counted_apply(*args):
-            events = apply(*args)
-            record["emitted"] += len(events)
-            return events
-
-        def recorded_close():
-            record["closed"] = True
-            close()
-
-        dec.apply, dec.close = counted_apply, recorded_close
-        return dec
 
 
 @contextlib.contextmanager

@@ -1,0 +1,207 @@
+"""The server's scheduler over the real Engine on a fake multi-sequence model: priorities with
+aging, slots chosen by shared prefix, many requests in one batch, a queued job that leaves, and
+what /metrics counts — without HTTP (tests/unit/test_server.py covers the routes)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from edgespec.generate import Chunk, Final
+from edgespec.sampling import SamplingConfig
+from edgespec.server import scheduler as sched
+from edgespec.server.scheduler import CANCELLED, Job, QueueFull, Scheduler, Started
+
+from .fake_llama import REPLY, FakeEngine
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def job(text: str, *, priority: int = 0, max_tokens: int = 64, stop=()) -> Job:
+    return Job(lambda engine: engine.raw_tokens(text), GREEDY, max_tokens, stop, priority)
+
+
+async def drain(j: Job, seconds: float = 60.0):
+    """Every event of a job up to its end (Final or Failed)."""
+    items = []
+    while True:
+        item = await asyncio.wait_for(j.next(), seconds)
+        items.append(item)
+        if not isinstance(item, (Started, Chunk)):
+            return items
+
+
+async def until(condition, seconds: float = 60.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_many_requests_share_batches_and_each_gets_its_answer():
+    async def main():
+        engine = FakeEngine(n_seq=4)
+        s = Scheduler(engine, max_queue=8)
+        try:
+            engine.gate.clear()
+            jobs = [job(f"question number {i}:") for i in range(4)]
+            for j in jobs:
+                s.submit(j)
+            await until(lambda: engine.waiting.is_set())
+            engine.gate.set()
+            results = [await drain(j) for j in jobs]
+        finally:
+            s.shutdown()
+            s.join(10)
+        for items in results:
+            final = items[-1]
+            assert isinstance(final, Final) and final.text == REPLY
+            assert "".join(i.text for i in items if isinstance(i, Chunk)) == REPLY
+        shared = [parts for parts in engine.target.batches if len(parts) > 1]
+        assert shared, "the four requests never shared a target pass"
+        assert s.counts["completed"] == 4 and s.counts["tokens"] == 4 * len(REPLY)
+    run(main())
+
+
+def test_a_better_priority_waiting_behind_a_full_server_is_admitted_first():
+    async def main():
+        engine = FakeEngine(n_seq=1)
+        s = Scheduler(engine, max_queue=8)
+        order = []
+        try:
+            engine.gate.clear()
+            running = job("hold", max_tokens=3)
+            s.submit(running)
+            await until(lambda: engine.waiting.is_set())
+            late = [job("a", priority=5), job("b", priority=5), job("urgent", priority=-1)]
+            for j in late:
+                s.submit(j)
+            engine.gate.set()
+
+            async def watch(j, name):
+                await drain(j)
+                order.append(name)
+
+            await asyncio.gather(drain(running), *(watch(j, n) for j, n in zip(late, "ab!")))
+        finally:
+            s.shutdown()
+            s.join(10)
+        assert order == ["!", "a", "b"]
+    run(main())
+
+
+def test_aging_lets_an_old_request_past_newer_better_ones():
+    async def main():
+        engine = FakeEngine(n_seq=1)
+        s = Scheduler(engine, max_queue=8)
+        order = []
+        try:
+            engine.gate.clear()
+            running = job("hold", max_tokens=3)
+            s.submit(running)
+            await until(lambda: engine.waiting.is_set())
+            old, new = job("old", priority=3), job("new", priority=0)
+            old.submitted -= 4 * sched.AGING_S  # waited four levels' worth: ahead of a fresh priority 0
+            s.submit(new)
+            s.submit(old)
+            engine.gate.set()
+
+            async def watch(j, name):
+                await drain(j)
+                order.append(name)
+
+            await asyncio.gather(drain(running), watch(old, "old"), watch(new, "new"))
+        finally:
+            s.shutdown()
+            s.join(10)
+        assert order == ["old", "new"]
+    run(main())
+
+
+def test_a_queued_job_that_is_cancelled_leaves_the_queue_at_once():
+    async def main():
+        engine = FakeEngine(n_seq=1)
+        s = Scheduler(engine, max_queue=2)
+        try:
+            engine.gate.clear()
+            s.submit(job("running"))
+            await until(lambda: engine.waiting.is_set())
+            queued = [job("q1"), job("q2")]
+            for j in queued:
+                s.submit(j)
+            try:
+                s.submit(job("refused"))
+                raise AssertionError("a full queue accepted a job")
+            except QueueFull:
+                pass
+            for j in queued:
+                j.cancel()
+            assert s.waiting == 0  # no waiting on the held generation
+            assert (await j.next()) is CANCELLED
+            s.submit(job("admitted now"))  # the place is free again while the first still generates
+            assert s.counts["cancelled"] == 2
+        finally:
+            engine.gate.set()
+            s.shutdown()
+            s.join(10)
+    run(main())
+
+
+def test_a_request_goes_to_the_slot_holding_its_prefix():
+    async def main():
+        engine = FakeEngine(n_seq=3)
+        s = Scheduler(engine, max_queue=8)
+        try:
+            first = [job("alpha: " + "x" * 40), job("beta: " + "y" * 40)]
+            for j in first:
+                s.submit(j)
+            for j in first:
+                await drain(j)
+            again = job("beta: " + "y" * 40 + " and more")
+            s.submit(again)
+            items = await drain(again)
+        finally:
+            s.shutdown()
+            s.join(10)
+        final = items[-1]
+        assert final.stats.prompt_cached == len("beta: " + "y" * 40)
+    run(main())
+
+
+def test_metrics_parse_and_match_the_responses_stats():
+    async def main():
+        engine = FakeEngine(n_seq=2)
+        s = Scheduler(engine, max_queue=8)
+        try:
+            jobs = [job("one " * 10), job("two " * 10, max_tokens=7)]
+            for j in jobs:
+                s.submit(j)
+            finals = [(await drain(j))[-1] for j in jobs]
+        finally:
+            s.shutdown()
+            s.join(10)
+        families = {f.name: f for f in text_string_to_metric_families(s.metrics.render().decode())}
+
+        def total(name, **labels):
+            return sum(x.value for x in families[name].samples
+                       if x.name.endswith("_total") and all(x.labels.get(k) == v for k, v in labels.items()))
+
+        assert total("edgespec_requests", outcome="completed") == 2
+        assert total("edgespec_generated_tokens") == sum(f.stats.tokens for f in finals)
+        assert total("edgespec_prompt_tokens") == sum(f.stats.prompt_tokens for f in finals)
+        drafted = sum(f.stats.drafted for f in finals)
+        assert sum(total("edgespec_drafted_tokens", drafter=d) for d in ("ngram", "draft")) == drafted
+        assert sum(total("edgespec_accepted_tokens", drafter=d) for d in ("ngram", "draft")) == sum(
+            f.stats.accepted for f in finals)
+        per_pos = sum(x.value for x in families["edgespec_spec_decode_num_draft_tokens_per_pos"].samples
+                      if x.name.endswith("_total"))
+        assert per_pos == drafted
+        ttft = [x for x in families["edgespec_time_to_first_token_seconds"].samples if x.name.endswith("_count")]
+        assert ttft[0].value == 2
+    run(main())
