@@ -11,7 +11,8 @@ from typing import Iterator, Sequence
 
 from .backend.model import LlamaModel, LoadParams
 from .config import SpecConfig
-from .controller import Controller, CostModel
+from .controller import Controller
+from .costs import CostModel
 from .errors import ContextError, InputError
 from .generate import Chunk, Final, stream
 from .sampling import SamplingConfig

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .controller import Acceptance, CostModel, speedup
+from .controller import Acceptance, speedup
+from .costs import CostModel
 from .models import NullProgress
 
 # Batch sizes timed. Fast kernels: small batches one by one (where v(k) bends), then the large

@@ -11,7 +11,7 @@ from rich.console import Console
 from edgespec import bench as lib
 from edgespec.bench import BenchPrompt, BenchResult, Run
 from edgespec.config import SpecConfig
-from edgespec.controller import CostModel
+from edgespec.costs import CostModel
 from edgespec.engine import Engine
 from edgespec.errors import InputError
 from edgespec.generate import GenerationStats

@@ -18,7 +18,8 @@ import pytest
 
 from edgespec import generate, models, session
 from edgespec.commands import main
-from edgespec.controller import Controller, CostModel
+from edgespec.controller import Controller
+from edgespec.costs import CostModel
 from edgespec.models import HFSource, ModelEntry, PackSource, Registry
 from edgespec.speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDecoder
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.controller import Controller, CostModel
+from edgespec.controller import Controller
+from edgespec.costs import CostModel
 from edgespec.drafters import NgramDrafter, run_bucket
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.controller import Controller, CostModel, candidate_ks, speedup
+from edgespec.controller import Controller, candidate_ks, speedup
+from edgespec.costs import CostModel
 from edgespec.engine import default_draft_max
 
 # A small CPU with repacked weights: a 2-row batch costs 2 rows, large batches are cheap per row

@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 
 from edgespec import speculative
-from edgespec.controller import Controller, CostModel
+from edgespec.controller import Controller
+from edgespec.costs import CostModel
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder
 from edgespec.timing import STALE_MESSAGE, STALE_PASSES, LiveTiming
@@ -20,13 +21,19 @@ from .fakes import FakeModel, table_lm
 MS = 1e-3
 
 
+def profile_seconds(t1_ms: float, verify: dict[int, float] | None = None, deeper=None):
+    """A profile's t(k, depth) in seconds, as the controller hands it to LiveTiming."""
+    cost = CostModel(verify=dict(verify or {}), t1_ms=t1_ms, deeper=dict(deeper or {}))
+    return lambda k, depth: cost.t_ms(k, depth) * MS
+
+
 def feed(timing: LiveTiming, seconds, n_tokens=1):
     became = [timing.observe_verify(n_tokens, s) for s in seconds]
     return [i for i, b in enumerate(became) if b]
 
 
 def test_stale_after_twenty_passes_off_by_more_than_thirty_percent():
-    t = LiveTiming(reference_t1=30 * MS)
+    t = LiveTiming(reference=profile_seconds(30))
     assert feed(t, [60 * MS] * (STALE_PASSES - 1)) == [] and not t.stale
     assert feed(t, [60 * MS]) == [0] and t.stale  # the 20th pass
     assert feed(t, [60 * MS] * 5) == []  # reported once
@@ -34,29 +41,28 @@ def test_stale_after_twenty_passes_off_by_more_than_thirty_percent():
 
 
 def test_faster_than_the_profile_is_stale_too():
-    t = LiveTiming(reference_t1=60 * MS)
+    t = LiveTiming(reference=profile_seconds(60))
     feed(t, [30 * MS] * STALE_PASSES)
     assert t.stale
 
 
 def test_within_thirty_percent_is_never_stale():
-    t = LiveTiming(reference_t1=30 * MS)
+    t = LiveTiming(reference=profile_seconds(30))
     feed(t, [38 * MS, 22 * MS] * 100)  # +27% / -27%
     assert not t.stale
 
 
 def test_a_few_slow_passes_do_not_condemn_a_good_profile():
-    t = LiveTiming(reference_t1=30 * MS)
+    t = LiveTiming(reference=profile_seconds(30))
     feed(t, ([30 * MS] * 3 + [150 * MS] * 2) * 20)  # 40% of passes hit by a busy neighbour
     assert not t.stale
 
 
 def test_batches_are_checked_against_the_profiles_v_of_k():
-    v = CostModel(verify={4: 2.0}).v
-    ok = LiveTiming(reference_t1=30 * MS, reference_v=v)
+    ok = LiveTiming(reference=profile_seconds(30, {4: 2.0}))
     feed(ok, [60 * MS] * 40, n_tokens=4)  # exactly what the profile predicts for 4 tokens
     assert not ok.stale and ok.live_t1() is None  # no 1-token pass yet, nothing to anchor to
-    slow = LiveTiming(reference_t1=30 * MS, reference_v=v)
+    slow = LiveTiming(reference=profile_seconds(30, {4: 2.0}))
     feed(slow, [120 * MS] * STALE_PASSES, n_tokens=4)
     assert slow.stale
     # stale with no 1-token pass: t(1) implied by the batches through the profile's shape
@@ -65,14 +71,14 @@ def test_batches_are_checked_against_the_profiles_v_of_k():
 
 
 def test_no_profile_means_nothing_to_be_stale_against():
-    t = LiveTiming(reference_t1=None)
+    t = LiveTiming(reference=None)
     feed(t, [500 * MS] * 100)
     assert not t.stale and not t.take_notice()
     assert t.live_t1() == pytest.approx(500 * MS)
 
 
 def test_notice_is_taken_once():
-    t = LiveTiming(reference_t1=30 * MS)
+    t = LiveTiming(reference=profile_seconds(30))
     assert not t.take_notice()
     feed(t, [90 * MS] * STALE_PASSES)
     assert t.take_notice() and not t.take_notice()
