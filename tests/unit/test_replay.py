@@ -114,3 +114,16 @@ def test_the_three_machine_tables_load_with_their_measured_points():
     for p in TABLES:
         data = json.loads(p.read_text())
         assert data["sources"] and data["known_points"] and data["filled_points"]
+
+
+def test_passes_are_charged_linearly_between_measured_sizes_by_default():
+    from edgespec.replay import linear_between
+
+    cost = CostModel.from_ms({0: {1: 10.0, 16: 40.0, 32: 50.0}, 512: {1: 20.0, 16: 60.0, 32: 70.0}})
+    lin = linear_between(cost)
+    assert cost.t_ms(17) == 50.0 and lin.t_ms(17) == pytest.approx(40.0 + 10.0 / 16)
+    assert lin.t_ms(16, 512) == pytest.approx(60.0) and lin.t_ms(48) == pytest.approx(60.0)  # past 32: its slope
+    assert lin.t_ms(8, 256) == pytest.approx((10.0 + 30.0 * 7 / 15 + 20.0 + 40.0 * 7 / 15) / 2)
+    rec = copy_recording()
+    stair = replay("ngram-simple", rec, cost, charge=cost)
+    assert replay("ngram-simple", rec, cost).ms < stair.ms  # its 49-row batches: the 64-row tile under the staircase
