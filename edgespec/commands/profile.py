@@ -67,6 +67,7 @@ def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: Spe
             if not as_json:
                 for table in measurement_tables(m):
                     out.print(table)
+                out.print(depth_line(m))
     stored = profile_store.store_profile_run(
         hw, target=profile_key(resolved.target_path),
         draft=profile_key(resolved.draft_path) if resolved.draft_path else None,
@@ -93,6 +94,17 @@ def _show(out, as_json: bool) -> None:
         click.echo(json.dumps(saved))
     else:
         _render_saved(out, saved)
+
+
+def depth_line(m: dict) -> str:
+    """t(k) at each measured context depth, for the sizes the tables above show at depth 0: one line."""
+    depths = m.get("depths") or {}
+    if not depths:
+        return "costs measured at depth 0 only (a profile from before depth tables)"
+    shown = [k for k in ("1", "8", "16", "64") if k in m["target_ms"]]
+    tables = [("0", m["target_ms"])] + [(d, t["target_ms"]) for d, t in sorted(depths.items(), key=lambda kv: int(kv[0]))]
+    rows = [f"{d}: " + ", ".join(f"t({k}) {ms[k]:.1f}" for k in shown if k in ms) for d, ms in tables]
+    return "ms at context depth " + "; ".join(rows)
 
 
 def _plan(kw: dict, spec: SpecConfig):
@@ -127,6 +139,8 @@ def _render_saved(out, saved: dict) -> None:
             continue
         for table in measurement_tables({"kernels": kind, **m}):
             out.print(table)
+        if m.get("depths"):
+            out.print(depth_line(m))
         if not profile_store.usable(m):
             out.print(f"[yellow]the {kind}-kernel measurement is unstable and not used[/]")
     for w in saved.get("warnings", []):

@@ -231,7 +231,7 @@ def test_load_meter_counts_other_processes_only(monkeypatch):
 
 
 # ---- the profile command keeps a good profile when a new one is unstable ------------------------
-def _measurement(stable: bool, t1: float) -> dict:
+def _measurement(stable: bool, t1: float, depths: dict | None = None) -> dict:
     ms = {k: v * t1 / 30.0 for k, v in QUIET_MS.items()}
     loads = IDLE if stable else (Load(1.9, 3.0, 2, "before"), Load(1.9, 3.5, 2, "during"))
     noise = QUIET_NOISE if stable else (1.0, 1.6, 2.3, 1.9, 3.1)
@@ -239,8 +239,8 @@ def _measurement(stable: bool, t1: float) -> dict:
     cost, spread = {}, {}
     for k, xs in samples.items():
         cost[k], spread[k] = summarize(xs)
-    return Measurement(cost, 12.0, 40.0, 0.8, cost_model(cost, 12.0), 64, spread, 0.01, "fast", 5, loads,
-                       tuple(check_stability(cost, spread, loads))).to_json()
+    return Measurement(cost, 12.0, 40.0, 0.8, cost_model(cost, 12.0, depths), 64, spread, 0.01, "fast", 5, loads,
+                       tuple(check_stability(cost, spread, loads)), depths or {}).to_json()
 
 
 @pytest.fixture
@@ -340,6 +340,19 @@ def test_profile_show_renders_spreads_and_stability(fake_profile_cli, capsys):
     assert "fast kernels" in out and "spread" in out and "+1.0%" in out and "stable" in out
     rows = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") == 5]
     assert rows[:14] == [str(k) for k in QUIET_MS]  # in batch-size order, as measured
+
+
+def test_profile_shows_the_depth_tables_and_runs_use_them(fake_profile_cli, capsys):
+    from edgespec.commands import main
+
+    deep = {512: {k: v + 20.0 for k, v in QUIET_MS.items()}}
+    assert fake_profile_cli(measurement=_measurement(True, 30.0, deep)) == 0
+    capsys.readouterr()
+    main(["profile", "--show"])
+    out = capsys.readouterr().out
+    assert "ms at context depth 0: t(1) 30.0, t(8) 78.0, t(16) 120.0, t(64) 420.0; 512: t(1) 50.0, t(8) 98.0" in out
+    used = _costs_used()
+    assert used.t_ms(1, 512) == pytest.approx(50.0) and used.v(8, 256) == pytest.approx(88.0 / 40.0)
 
 
 def test_profile_on_a_busy_machine_stops_before_measuring(fake_profile_cli, capsys):

@@ -127,3 +127,48 @@ def test_passes_are_charged_linearly_between_measured_sizes_by_default():
     rec = copy_recording()
     stair = replay("ngram-simple", rec, cost, charge=cost)
     assert replay("ngram-simple", rec, cost).ms < stair.ms  # its 49-row batches: the 64-row tile under the staircase
+
+
+# ---- the controller against llama.cpp's fixed-length modes, per machine ------------------------------
+COPY_HEAVY = {"copy", "rename", "edit", "extract"}
+LITTLE_TO_COPY = {"free", "code", "rag", "summ"}
+_CACHE: dict = {}
+
+
+def outcomes(table: Path, rec_path: Path) -> dict:
+    key = (table, rec_path)
+    if key not in _CACHE:
+        cost, rec = load_cost_table(table), Recording.load(rec_path)
+        _CACHE[key] = {p: replay(p, rec, cost) for p in ("plain", "auto", *FIXED)}
+    return _CACHE[key]
+
+
+def recordings(categories) -> list[Path]:
+    return [p for p in RECORDINGS if json.loads(p.read_text())["category"] in categories]
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("rec", recordings(COPY_HEAVY), ids=lambda p: p.stem)
+def test_auto_beats_or_matches_every_fixed_length_ngram_mode_on_copy_heavy_answers(table, rec):
+    res = outcomes(table, rec)
+    best = min(res[p].ms for p in FIXED)
+    assert res["auto"].ms <= best, {p: round(res["plain"].ms / r.ms, 3) for p, r in res.items()}
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda p: p.stem)
+def test_auto_is_well_ahead_of_the_best_fixed_mode_on_copies_taken_together(table):
+    import math
+
+    ratios = []
+    for rec in recordings(COPY_HEAVY):
+        res = outcomes(table, rec)
+        ratios.append(min(res[p].ms for p in FIXED) / res["auto"].ms)
+    assert ratios
+    assert math.exp(sum(map(math.log, ratios)) / len(ratios)) >= 1.15, ratios
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("rec", recordings(LITTLE_TO_COPY), ids=lambda p: p.stem)
+def test_auto_is_never_much_slower_than_plain_where_little_is_copied(table, rec):
+    res = outcomes(table, rec)
+    assert res["plain"].ms / res["auto"].ms >= 0.98, {p: round(res["plain"].ms / r.ms, 3) for p, r in res.items()}
