@@ -150,7 +150,7 @@ def recordings(categories) -> list[Path]:
 # Where the harness shows auto losing today (modelled ratios in README, *The replay harness*): kept
 # as strict expected failures, so a change that fixes one is seen (and one that breaks another too).
 KNOWN_LOSSES = {
-    # the copy breaks at a re-tokenized number after 63-token drafts: a 64-row batch for 5 tokens,
+    # the answer writes its source's "[0, 1]" as "[0.0, 1.0]" inside a 63-token draft: a 64-row batch for 5 tokens,
     # then the ramp 3, 15, 31, 63 again, where small batches are dear (v(2) = 1.97)
     ("amd-epyc-avx512", "copy-hints-difflib"): "auto 0.87x the best fixed mode (ngram-simple)",
     ("amd-epyc-avx512", "extract-emails"): "auto 0.98x the best fixed mode",
