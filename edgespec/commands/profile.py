@@ -24,7 +24,7 @@ from .root import CONTEXT, cli
 # ---- profile -----------------------------------------------------------------------------------
 @cli.command(context_settings=CONTEXT)
 @model_options
-@click.option("--measure/--no-measure", default=True, show_default=True, help="Time the models (a minute or so, plus at most 2 for the deeper context depths).")
+@click.option("--measure/--no-measure", default=True, show_default=True, help="Time the models (a minute or so, plus up to about 2 for the deeper context depths).")
 @click.option("--force", is_flag=True,
               help="Save the measurement even when it is unstable (busy machine, noisy timings).")
 @click.option("--show", is_flag=True, help="Print the saved profile and exit.")
