@@ -1,11 +1,9 @@
 """What a verify batch costs on this machine: v(k, depth) = t(k, depth) / t(1, depth).
 
 The profile times k-row target batches at a few context depths (the number of tokens already in
-the KV cache when the batch runs). Costs grow with the depth, and not alike for every batch size:
-on a 2-core AVX2 machine a single pass went from 70 ms after a short prompt to 109 ms after a
-~450-token one, while a ~9-row verify batch there cost about what an 8-row batch costs at an empty
-context — so v(k) read at depth 0 makes long drafts look dearer than they are. The cost model
-answers at the depth of the round:
+the KV cache when the batch runs). Costs grow with the depth, and not alike for every batch size
+(README, *How it works*: a single pass can slow down far more than a verify batch), so v(k) read
+at depth 0 misjudges drafts deep in a long prompt. The cost model answers at the depth of the round:
 
 - within one measured depth, the staircase rule: between measured sizes, the next measured one's
   cost (CPU kernels work in row tiles); outside them, the nearest end's slope;

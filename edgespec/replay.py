@@ -147,8 +147,8 @@ def linear_between(cost: CostModel, up_to: int = 80) -> CostModel:
     the largest, its last stretch's slope), at each depth.
 
     What a pass of an unmeasured size really costs lies between this and the next measured size's
-    cost (the staircase the controller assumes; measured on the Intel Xeon: t(16) 257 ms, t(17)
-    313, t(24) 408). Replays charge this one by default, so a policy drafting odd sizes
+    cost (the staircase the controller assumes; README, *Measured*, shows both on one machine).
+    Replays charge this one by default, so a policy drafting odd sizes
     (llama.cpp's 48-token drafts are 49-row batches) is not charged the next tile it may not pay."""
     def fill(ms: dict[int, float]) -> dict[int, float]:
         ks = sorted(ms)
