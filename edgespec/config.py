@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from .errors import ConfigError
 
 if TYPE_CHECKING:  # the cost model's home imports timing; config stays a leaf module
-    from .controller import CostModel
+    from .costs import CostModel
 
 
 class Mode(str, Enum):

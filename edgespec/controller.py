@@ -3,73 +3,26 @@
 Per round, speculating K tokens with per-token acceptance alpha yields on average
 E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs K*c + v(K+1) target-pass units,
 where c is the draft cost per token relative to one target token and v(k) = t(k)/t(1)
-is the cost of verifying k tokens in one batch. Plain decoding is E=1 at cost v(1)=1.
-We pick the K that maximises E(K) / (K*c + v(K+1)); K = 0 (no speculation) is a valid answer.
+is the cost of verifying k tokens in one batch (at the round's context depth: costs.py).
+Plain decoding is E=1 at cost v(1)=1. We pick the K that maximises E(K) / (K*c + v(K+1));
+K = 0 (no speculation) is a valid answer.
 Pure: no llama_cpp, no I/O.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence, Union
 
+from .costs import CostModel
 from .timing import LiveTiming
 
-# Conservative CPU-shaped prior until the profile or live timing says otherwise:
-# verifying k tokens costs about 1 + 0.5 (k - 1) single-token passes on a small CPU (measured here).
-PRIOR_VERIFY_SLOPE = 0.5
 # A drafter state is judged at most POOL_MARGIN above the drafter's pooled recent acceptance (all
 # its states together), once that pool holds POOL_MIN_ROUNDS rounds; trusted states (long verified
 # copies) are exempt. See Controller.capped_alpha.
 POOL_MIN_ROUNDS = 3
 POOL_MARGIN = 0.1
 POOL_DECAY = 0.7  # the pool follows the last few rounds: text turns from prose to a copy quickly
-
-
-@dataclass
-class CostModel:
-    """Relative costs: v(k) = t(k)/t(1) for a k-token verify batch; c = draft token / target token."""
-
-    verify: dict[int, float] = field(default_factory=dict)
-    draft_cost: float = 0.6
-    slope: float = PRIOR_VERIFY_SLOPE
-    t1_ms: float | None = None  # the profile's own t(1): live timing is checked against it (timing.py)
-
-    def v(self, k: int) -> float:
-        if k <= 1:
-            return 1.0
-        if k in self.verify:
-            return self.verify[k]
-        known = sorted(x for x in self.verify if x > 1)
-        if not known:
-            return 1.0 + self.slope * (k - 1)
-        below = [x for x in known if x < k]
-        above = [x for x in known if x > k]
-        if below and above:
-            # Between measured sizes, the next measured one's cost: CPU kernels work in row tiles,
-            # so cost is a staircase, not a line (measured on 2 cores: t(16) 257 ms, t(17) 313,
-            # t(20) 345, t(24) 408; a line from 16 to 24 says 276 for 17). Unmeasured sizes
-            # may cost up to that much; the measured, tile-aligned ones are what the choice should use.
-            return max(self.verify[above[0]], self.verify[below[-1]])
-        # Outside the measured range: extend with the slope of the nearest end (never below 1 + 0.02/token).
-        a = below[-1] if below else above[0]
-        slope = max((self.verify[a] - 1.0) / (a - 1), 0.02)
-        return self.verify[a] + slope * (k - a)
-
-    def to_json(self) -> dict:
-        data = {"verify": {str(k): v for k, v in sorted(self.verify.items())}, "draft_cost": self.draft_cost}
-        if self.t1_ms is not None:
-            data["t1_ms"] = self.t1_ms
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict) -> "CostModel":
-        t1 = data.get("t1_ms")
-        return cls(
-            verify={int(k): float(v) for k, v in data.get("verify", {}).items()},
-            draft_cost=float(data.get("draft_cost", 0.6)),
-            t1_ms=float(t1) if isinstance(t1, (int, float)) and t1 > 0 else None,
-        )
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -80,11 +33,11 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def speedup(alpha: float, k: int, c: float, cost: CostModel) -> float:
-    """Expected tokens per unit time relative to plain decoding."""
+def speedup(alpha: float, k: int, c: float, cost: CostModel, depth: int = 0) -> float:
+    """Expected tokens per unit time relative to plain decoding, with `depth` tokens in the KV cache."""
     if k <= 0:
         return 1.0
-    return expected_tokens(alpha, k) / (k * c + cost.v(k + 1))
+    return expected_tokens(alpha, k) / (k * c + cost.v(k + 1, depth))
 
 
 @dataclass
@@ -191,9 +144,10 @@ def ubatch_sizes(seq_rows: Sequence[int]) -> list[int]:
     return sizes
 
 
-def batch_cost(cost: "CostModel", seq_rows: Sequence[int]) -> float:
-    """A multi-sequence batch's cost in single-token passes: the sum of its passes' costs."""
-    return sum(cost.v(n) for n in ubatch_sizes(seq_rows))
+def batch_cost(cost: "CostModel", seq_rows: Sequence[int], depth: int = 0) -> float:
+    """A multi-sequence batch's cost in single-token passes: the sum of its passes' costs (read
+    at one depth: the sequence being planned's)."""
+    return sum(cost.v(n, depth) for n in ubatch_sizes(seq_rows))
 
 
 class Controller:
@@ -220,13 +174,11 @@ class Controller:
         self.priors = dict(priors or {})
         self.acceptance: dict[Key, Acceptance] = {}
         self.pooled: dict[str, Acceptance] = {}  # per drafter, all its states together (see capped_alpha)
-        # Timing learnt online; checked against the profile's own t(1) when the cost model has one
-        # (a profile measured on a busy machine is replaced by the live estimate, see timing.py).
-        profile_t1_ms = getattr(cost, "t1_ms", None)
-        self.timing = LiveTiming(
-            reference_t1=profile_t1_ms / 1000.0 if profile_t1_ms else None,
-            reference_v=CostModel(verify=dict(cost.verify), slope=cost.slope).v,
-        )
+        # Timing learnt online; checked against the profile's own t(k, depth) when the cost model
+        # has an absolute scale (a profile measured on a busy machine is replaced by the live
+        # estimate, see timing.py). A copy: live timing may replace this controller's tables.
+        profile = replace(cost, verify=dict(cost.verify), deeper=dict(cost.deeper))
+        self.timing = LiveTiming(reference=(lambda k, d: profile.t_ms(k, d) / 1000.0) if cost.t1_ms else None)
 
     def estimate(self, key: Key, prior: float | None = None) -> Acceptance:
         """The acceptance estimate for `key`; a new one starts from the configured prior for the key
@@ -256,29 +208,33 @@ class Controller:
         return min(est.alpha, pooled.alpha + POOL_MARGIN)
 
     def choose(self, key: Key, draft_cost: float, k_cap: int | None = None, *, prior: float | None = None,
-               confidence: Sequence[float] | None = None, load: Load | None = None) -> Choice:
+               confidence: Sequence[float] | None = None, load: Load | None = None,
+               depth: int | None = None) -> Choice:
         """The K with the most expected tokens per unit time. `confidence[i]` (when given) scales the
         chance of accepting drafted token i on top of the key's per-token rate: a drafter that knows
-        a position is a guess (a learnt edit it has seen made only once) says so there.
+        a position is a guess (a learnt edit it has seen made only once) says so there. `depth`: the
+        tokens in the target's KV cache before this round's verify batch (costs grow with it; None:
+        not said, read as 0 — a decoder that does not know it gets today's depth-0 costs).
 
         With `load` (the other sequences of the batch), the throughput judged is the whole batch's:
         (load.tokens + E(K)) / (load.draft_cost + K c + cost of the batch with K + 1 more rows),
         against K = 0. Without it (one sequence) this is E(K) / (K c + v(K + 1)) against plain
         decoding's 1."""
+        depth = depth or 0
         alpha = self.capped_alpha(key, prior)
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
         load = load or Load()
         others, spent = load.tokens, load.draft_cost
-        base = (others + 1.0) / (spent + batch_cost(self.cost, (*load.seq_rows, 1)))
+        base = (others + 1.0) / (spent + batch_cost(self.cost, (*load.seq_rows, 1), depth))
 
         def rate(tokens: float, k: int) -> float:
-            return (others + tokens) / (spent + k * draft_cost + batch_cost(self.cost, (*load.seq_rows, k + 1))) / base
+            return (others + tokens) / (spent + k * draft_cost + batch_cost(self.cost, (*load.seq_rows, k + 1), depth)) / base
 
         best = Choice(0, 1.0)
         # A forced mode with a short proposal still uses what it has.
         lo = self.k_min if self.allow_off else min(self.k_min, max(hi, 1))
         # the measured batch sizes (drafts + 1) are where the cost staircase steps: always compared
-        ks = sorted(set(candidate_ks(lo, hi)) | {m - 1 for m in self.cost.verify if lo <= m - 1 <= hi})
+        ks = sorted(set(candidate_ks(lo, hi)) | {m - 1 for m in self.cost.sizes() if lo <= m - 1 <= hi})
         gain = None
         if confidence is not None and any(c < 1.0 for c in confidence[:hi]):
             gain = [1.0]  # gain[k]: expected tokens from a k-token draft (the target's own token included)
@@ -297,13 +253,14 @@ class Controller:
             return Choice(0, 1.0)
         return best
 
-    def could_pay(self, draft_cost: float, k_cap: int | None = None, alpha: float = 0.98, gain: float = 1.1) -> bool:
+    def could_pay(self, draft_cost: float, k_cap: int | None = None, alpha: float = 0.98, gain: float = 1.1,
+                  *, depth: int | None = None) -> bool:
         """Whether a near-perfect drafter at this cost would beat plain decoding by `gain`.
 
         If not, probing it is a sure loss: the cost alone rules it out, whatever it would accept.
         """
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
-        return any(speedup(alpha, k, draft_cost, self.cost) >= gain for k in candidate_ks(1, hi))
+        return any(speedup(alpha, k, draft_cost, self.cost, depth or 0) >= gain for k in candidate_ks(1, hi))
 
     def observe(self, key: Key, drafted: int, accepted: int, *, prior: float | None = None) -> None:
         self.estimate(key, prior).observe(drafted, accepted)
@@ -312,12 +269,13 @@ class Controller:
             self.pooled.setdefault(pool, Acceptance(decay=POOL_DECAY)).observe(drafted, accepted)
 
     # ---- timing ----------------------------------------------------------------------
-    def observe_verify(self, n_tokens: int, seconds: float) -> None:
+    def observe_verify(self, n_tokens: int, seconds: float, *, depth: int | None = None) -> None:
+        """One target pass of n_tokens rows that ran with `depth` tokens already in the KV cache."""
         if not self.learn_timing or seconds <= 0:
             return
-        if self.timing.observe_verify(n_tokens, seconds):
-            # The profile disagrees with this run: its table goes, live estimates take its place.
-            self.cost.verify.clear()
+        if self.timing.observe_verify(n_tokens, seconds, depth or 0):
+            # The profile disagrees with this run: its tables go, live estimates take their place.
+            self.cost.forget_measured()
         self._apply_live_timing()
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
@@ -327,7 +285,7 @@ class Controller:
         self._apply_live_timing()
 
     def _apply_live_timing(self) -> None:
-        if self.timing.reference_t1 is not None and not self.timing.stale:
+        if self.timing.reference is not None and not self.timing.stale:
             # A measured profile that this run agrees with: its costs (repeated, interleaved, the
             # fastest of each) are better than one run's passes, whose noise (a slow 64-row batch
             # now and then) otherwise moved the draft lengths between identical runs (README,

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from . import profile_store
 from .compat import pair_vocabularies
-from .controller import Controller, CostModel, candidate_ks, speedup
+from .controller import Controller, candidate_ks, speedup
+from .costs import CostModel
 from .errors import EdgespecError, IncompatibleModelsError
 from .gguf import GGUFInfo, read_gguf
 from .hardware import HardwareInfo

@@ -13,7 +13,8 @@ from .backend.model import LlamaModel, LoadParams
 from .batch import Batcher
 from .config import DraftLimits, Mode, SpecConfig
 from .compat import Pairing, TokenMap, pair_vocabularies
-from .controller import Controller, CostModel
+from .controller import Controller
+from .costs import CostModel
 from .errors import ContextError, InputError
 from .generate import Chunk, Final, stream
 from .gguf import read_gguf

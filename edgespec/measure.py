@@ -1,6 +1,11 @@
 """`edgespec profile --measure`: time the target's verify batches, the draft, the n-gram lookup,
 and the draft's acceptance on a short sample; derive the cost model and a starting verdict.
 
+The target's batches are timed at a few context depths (tokens already in the KV cache): costs
+grow with the context, and single passes grow faster than batches (costs.py), so a table measured
+at one depth misjudges drafts at another. The depths share one prefill: each deeper one extends
+the filler context of the one before.
+
 A profile measured on a busy machine lies, and every later decision is built on it. So each timing
 is repeated, interleaved across batch sizes (a noisy second then hits one repeat of every size, not
 every repeat of one size); the cost is the fastest repeat (noise on a CPU only ever adds time) and
@@ -18,7 +23,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .controller import Acceptance, CostModel, speedup
+from .controller import Acceptance, speedup
+from .costs import CostModel
+from .drafters import common_prefix_len
 from .progress import NullProgress
 
 # Batch sizes timed. Fast kernels: small batches one by one (where v(k) bends), then the large
@@ -26,6 +33,14 @@ from .progress import NullProgress
 KS_FAST = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
 KS_EXACT = (1, 2, 3, 4, 5, 6, 7, 8)
 REPEATS = 5
+# Context depths the target's batches are timed at. The plan's context, when smaller than the
+# deepest, gets its own deepest depth instead (the deepest context a full batch still fits on).
+DEPTHS = (0, 512, 2048)
+# Deeper depths: fewer repeats (a walk there is slower, and the cost model takes the tile shape
+# of each depth's own table). What they add to a profile is bounded by DEPTH_BUDGET_S: a depth is
+# skipped when the walks so far say it would not fit (see measure).
+DEEP_REPEATS = 3
+DEPTH_BUDGET_S = 120.0
 
 # Stability rules (spread = median / fastest - 1 over the repeats of one timing).
 MAX_T1_SPREAD = 0.10  # t(1) anchors every ratio: it must be tight
@@ -46,7 +61,7 @@ BUSY_CORE_FRACTION = 0.25  # other processes using more than this share of the c
 BUSY_MIN_CORES = 0.5  # ... and at least this many cores: the machine is busy
 BUSY_LOAD_PER_CORE = 1.5  # 1-minute load average above this per logical core: oversubscribed
 
-# Enough context that timings reflect real attention cost, small enough to be quick.
+# Filler context for the depths (repeated to the deepest one), code like the copy prompts.
 _CONTEXT_TEXT = (
     "def merge_sort(items):\n    if len(items) <= 1:\n        return items\n"
     "    middle = len(items) // 2\n    left = merge_sort(items[:middle])\n"
@@ -125,7 +140,7 @@ class MeasurementAborted(Exception):
 # ---- the result --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Measurement:
-    target_ms: dict[int, float]  # k -> fastest ms of a k-token batch over the repeats
+    target_ms: dict[int, float]  # k -> fastest ms of a k-token batch over the repeats, at depth 0
     draft_ms: float | None
     ngram_us: float
     draft_alpha: float | None
@@ -137,6 +152,8 @@ class Measurement:
     repeats: int = REPEATS
     loads: tuple[Load, ...] = ()
     reasons: tuple[str, ...] = ()  # why it is unstable; empty when stable
+    depth_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # depth > 0 -> {k: ms} there
+    depth_spread: dict[int, dict[int, float]] = field(default_factory=dict)
 
     @property
     def stable(self) -> bool:
@@ -182,6 +199,9 @@ class Measurement:
             "unstable_reasons": list(self.reasons),
             "load": [x.to_json() for x in self.loads],
             "verdicts": self.verdicts(),
+            "depths": {str(d): {"target_ms": {str(k): round(v, 3) for k, v in ms.items()},
+                                "target_spread": {str(k): round(v, 4) for k, v in self.depth_spread.get(d, {}).items()}}
+                       for d, ms in sorted(self.depth_ms.items())},
         }
 
 
@@ -194,37 +214,55 @@ def best_k(alpha: float, c: float, cost: CostModel, k_max: int) -> tuple[int, fl
     return best
 
 
-def cost_model(target_ms: dict[int, float], draft_ms: float | None) -> CostModel:
-    """v(k) = t(k)/t(1) at every measured k (the model interpolates between them); c = draft t(1) / t(1)."""
-    t1 = target_ms[1]
-    return CostModel(
-        verify={k: max(1.0, v / t1) for k, v in target_ms.items() if k > 1},
-        draft_cost=(draft_ms / t1) if draft_ms else 0.0,
-    )
+def cost_model(target_ms: dict[int, float], draft_ms: float | None,
+               depth_ms: dict[int, dict[int, float]] | None = None) -> CostModel:
+    """v(k, depth) = t(k)/t(1) at every measured k and depth (the model interpolates between them);
+    c = draft t(1) / t(1) at depth 0."""
+    return CostModel.from_ms({0: target_ms, **(depth_ms or {})}, draft_ms)
+
+
+def depths_for(n_ctx: int, k_max: int, depths: Sequence[int] = DEPTHS) -> list[int]:
+    """The depths to time k_max-row batches at in an n_ctx context: DEPTHS that fit, and the
+    deepest that fits when the context is smaller than the deepest of DEPTHS."""
+    room = n_ctx - k_max - 1
+    out = [d for d in depths if d <= room] or [0]
+    if max(depths) > room > out[-1]:
+        out.append(room)
+    return out
+
+
+def filler_tokens(model, n: int) -> list[int]:
+    """n tokens of filler context (the same ones on every call: the depths share one prefill)."""
+    unit = model.tokenize(_CONTEXT_TEXT) or [0]
+    return (unit * (n // len(unit) + 1))[:n]
 
 
 # ---- timing ------------------------------------------------------------------------------------
 def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callable[[], float] = time.perf_counter,
-                 after_walk: Callable[[], None] | None = None, min_walk_ms: float = WALK_MIN_MS) -> dict[int, list[float]]:
-    """ms of a k-token batch on a fixed context, `repeats` samples per k, interleaved across k.
+                 after_walk: Callable[[], None] | None = None, min_walk_ms: float = WALK_MIN_MS,
+                 depth: int = 0) -> dict[int, list[float]]:
+    """ms of a k-token batch with `depth` filler tokens in the KV cache, `repeats` samples per k,
+    interleaved across k.
 
     Every repeat walks all sizes (alternating direction, so a drift in machine speed does not
     favour one end); one untimed walk first builds each size's graph. Within a walk a size is run
     back to back until about `min_walk_ms` has passed and its sample is the fastest of those runs:
     a single 70 ms decode catches a hypervisor hiccup as easily as a whole slow minute, and the
     spread between walks should show the second, not the first. `after_walk` runs after each
-    walk (it may raise to stop early)."""
-    context = model.tokenize(_CONTEXT_TEXT)
-    model.reset()
-    model.decode(context)
-    base = len(model.tokens)
-    filler = (context * (max(ks) // max(len(context), 1) + 1))[: max(ks)]
+    walk (it may raise to stop early). The model is left holding the `depth` filler tokens: a deeper
+    call decodes only what it adds."""
+    filler = filler_tokens(model, depth + max(ks))
+    kept = common_prefix_len(model.tokens, filler[:depth])  # what an earlier, shallower call left
+    model.trim(kept)
+    if kept < depth:
+        model.decode(filler[kept:depth])
+    batch = filler[depth:]
     out: dict[int, list[float]] = {k: [] for k in ks}
 
     def run(k) -> float:
-        model.trim(base)
+        model.trim(depth)
         t0 = clock()
-        model.decode(filler[:k], range(k))
+        model.decode(batch[:k], range(k))
         return (clock() - t0) * 1000
 
     runs = {}
@@ -237,7 +275,32 @@ def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callab
             progress.advance(1)
         if after_walk is not None:
             after_walk()
-    model.trim(0)
+    model.trim(depth)
+    return out
+
+
+def time_depths(model, ks: Sequence[int], depths: Sequence[int], repeats: int, progress,
+                clock: Callable[[], float] = time.perf_counter, after_walk: Callable[[], None] | None = None,
+                min_walk_ms: float = WALK_MIN_MS, budget_s: float = DEPTH_BUDGET_S) -> dict[int, dict[int, list[float]]]:
+    """time_batches at each depth, shallowest first (one growing prefill): {depth: {k: samples}}.
+
+    The first depth gets `repeats`, the deeper ones DEEP_REPEATS. The deeper ones together get
+    `budget_s`: before each, the last depth's time per walk (a deeper walk is slower still)
+    estimates what it would take, and it and every deeper one are skipped when that would pass
+    the budget; the cost model then extrapolates from the depths measured."""
+    out: dict[int, dict[int, list[float]]] = {}
+    spent = walk_s = 0.0
+    for i, d in enumerate(sorted(depths)):
+        reps = repeats if i == 0 else DEEP_REPEATS
+        if i and spent + walk_s * (reps + 1) > budget_s:
+            break
+        t0 = clock()
+        out[d] = time_batches(model, ks, reps, progress, clock=clock, after_walk=after_walk,
+                              min_walk_ms=min_walk_ms, depth=d)
+        took = clock() - t0
+        walk_s = took / (reps + 1)  # the warm-up walk included
+        if i:
+            spent += took
     return out
 
 
@@ -347,11 +410,15 @@ def measure(target_path: Path, draft_path: Path | None, plan, *, ks: Sequence[in
         if stop_when_busy and busy_reason(now):
             raise MeasurementAborted([f"{busy_reason(now)} (stopped early)"], [*loads, now])
 
-    progress.start("timing target batches", len(ks) * repeats + (3 if draft_path else 1))
+    params = replace(load_params(plan.target, plan), exact=exact)
+    depths = depths_for(params.n_ctx, max(ks))
+    steps = len(ks) * (repeats + DEEP_REPEATS * (len(depths) - 1))
+    progress.start("timing target batches", steps + (3 if draft_path else 1))
     meter.start()
     try:
-        with LlamaModel(target_path, replace(load_params(plan.target, plan), exact=exact)) as target:
-            samples = time_batches(target, ks, repeats, progress, after_walk=check_load)
+        with LlamaModel(target_path, params) as target:
+            samples = time_depths(target, ks, depths, repeats, progress, after_walk=check_load)
+            target.trim(0)
             limit = target.max_exact_batch
         draft_ms = draft_spread = alpha = None
         if draft_path is not None:
@@ -365,10 +432,21 @@ def measure(target_path: Path, draft_path: Path | None, plan, *, ks: Sequence[in
     finally:
         progress.done()
     loads.append(meter.stop("during"))
-    target_ms, spread = {}, {}
-    for k, xs in samples.items():
-        target_ms[k], spread[k] = summarize(xs)
+    tables = {d: _summarize_all(xs) for d, xs in samples.items()}
+    target_ms, spread = tables.pop(0)
+    depth_ms = {d: ms for d, (ms, _) in tables.items()}
+    depth_spread = {d: sp for d, (_, sp) in tables.items()}
     k_limit = max(ks) if limit is None else min(max(ks), limit - 1)
     reasons = check_stability(target_ms, spread, loads, draft_spread)
-    return Measurement(target_ms, draft_ms, ngram_us, alpha, cost_model(target_ms, draft_ms), k_limit,
-                       spread, draft_spread, "exact" if exact else "fast", repeats, tuple(loads), tuple(reasons))
+    for d, (ms, sp) in tables.items():  # the same rules at every depth
+        reasons += [f"at depth {d}: {r}" for r in check_stability(ms, sp)]
+    return Measurement(target_ms, draft_ms, ngram_us, alpha, cost_model(target_ms, draft_ms, depth_ms), k_limit,
+                       spread, draft_spread, "exact" if exact else "fast", repeats, tuple(loads), tuple(reasons),
+                       depth_ms, depth_spread)
+
+
+def _summarize_all(samples: dict[int, list[float]]) -> tuple[dict[int, float], dict[int, float]]:
+    ms, spread = {}, {}
+    for k, xs in samples.items():
+        ms[k], spread[k] = summarize(xs)
+    return ms, spread

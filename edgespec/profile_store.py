@@ -14,9 +14,10 @@ import json
 import logging
 import os
 import tempfile
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import edgespec
 from edgespec import paths
@@ -174,3 +175,49 @@ def merge_measurement(saved: dict | None, kind: str, new: dict, *, force: bool =
         return out, "kept"
     out[kind] = {k: v for k, v in new.items() if k != "forced"}
     return out, "unstable"
+
+
+# ---- what one `edgespec profile` stores --------------------------------------------------------------
+@dataclass(frozen=True)
+class Stored:
+    """What storing a profile run did: the pair's file, what happened to the new measurement
+    ("saved" / "forced" / "kept" / "unstable" as merge_measurement says; "aborted": the machine was
+    busy and nothing was measured; None: --no-measure), and whether runs have usable costs of
+    this kernel kind afterwards."""
+
+    path: Path
+    decision: str | None
+    usable: bool
+
+    def problem(self, kind: str, reasons: Sequence[str]) -> str | None:
+        """The one-line error for a run whose measurement is not in use (None: nothing wrong)."""
+        if self.decision not in ("aborted", "kept", "unstable"):
+            return None
+        kept = ("kept the saved profile's costs" if self.usable
+                else "runs use estimated costs until a stable profile is measured")
+        if self.decision == "aborted":
+            return (f"profile not measured, the machine is busy ({'; '.join(reasons)}): {kept}; rerun "
+                    "`edgespec profile` when it is quiet, or pass --force to measure anyway")
+        return (f"profile unstable ({'; '.join(reasons)}): {kept}; rerun `edgespec profile` on a quiet machine, "
+                "or pass --force to use this measurement")
+
+
+def store_profile_run(hw: HardwareInfo, *, target: str, draft: str | None, data: dict[str, Any], kind: str,
+                      measurement: dict | None, force: bool = False, aborted: bool = False) -> Stored:
+    """Save one profile run: `data` (models, plan) with the measurements merged per kernel kind.
+
+    It is saved for the target alone (the verify costs hold without a draft too: --spec ngram/off
+    look them up so) and for the pair, the pair last (its verdict counts). An unstable measurement
+    never replaces a usable saved one of its kind unless forced (merge_measurement)."""
+    keys = [draft] if draft is None else [None, draft]
+    decision = "aborted" if aborted else None
+    measurements: dict[str, dict] = {}
+    path = None
+    for key in keys:
+        saved = load_profile(hw, target, key)
+        measurements = saved_measurements(saved)
+        if measurement is not None:
+            measurements, decision = merge_measurement(saved, kind, measurement, force=force)
+        path = save_profile({**data, "measurements": measurements}, hw=hw, target_sha_or_name=target, draft=key)
+    usable_now = kind in measurements and usable(measurements[kind]) and "cost" in measurements[kind]
+    return Stored(path, decision, usable_now)

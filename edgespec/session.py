@@ -12,7 +12,7 @@ from pathlib import Path
 from . import models, profile_store
 from .backend.model import LoadParams
 from .config import LoadConfig, SpecConfig
-from .controller import CostModel
+from .costs import CostModel
 from .draft_auto import best_draft, rank_drafts
 from .engine import Engine, EngineConfig
 from .errors import InputError

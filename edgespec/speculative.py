@@ -255,7 +255,7 @@ class SpeculativeDecoder:
             self.controller.observe(draft.key, drafted, n_acc, prior=draft.prior)
             if draft.source == "draft":
                 self.controller.observe_draft(len(draft.tokens), self._draft_s)
-        self.controller.observe_verify(batch_rows, verify_s)
+        self.controller.observe_verify(batch_rows, verify_s, depth=self._base)
         self.stats.rounds.append(RoundLog(len(draft.tokens), len(draft.tokens), n_acc, draft.source,
                                           self._draft_s, verify_s))
         new = [*draft.tokens[:n_acc], nxt]
@@ -316,12 +316,13 @@ class SpeculativeDecoder:
             return EMPTY
         c = self.controller
         load = self._load
+        depth = len(self.target.tokens)  # tokens in the KV cache before this round's verify batch
         candidate = EMPTY
         if self.ngram is not None and mode.uses_ngram:
             proposal = self.ngram.propose(ctx, min(k_cap, c.k_max))
             if proposal.tokens:
                 choice = c.choose(proposal.key, 0.0, len(proposal.tokens), prior=proposal.prior,
-                                  confidence=proposal.confidence, load=load)
+                                  confidence=proposal.confidence, load=load, depth=depth)
                 if choice.k == 0:
                     self._start_shadow(ctx, proposal)
                 else:
@@ -329,7 +330,7 @@ class SpeculativeDecoder:
                     self._expected = choice.expected_tokens
         if candidate.tokens or self.drafter is None or not mode.uses_draft_model:
             return candidate
-        choice = c.choose("draft", c.cost.draft_cost, k_cap, load=load)
+        choice = c.choose("draft", c.cost.draft_cost, k_cap, load=load, depth=depth)
         self._expected = choice.expected_tokens
         k = choice.k
         if k == 0:
@@ -346,7 +347,7 @@ class SpeculativeDecoder:
 
     def _probe_k(self, ctx: list[int], k_cap: int) -> int:
         """While the draft model looks unprofitable, try it now and then (backing off) in case that changed."""
-        if not self.controller.could_pay(self.controller.cost.draft_cost, k_cap):
+        if not self.controller.could_pay(self.controller.cost.draft_cost, k_cap, depth=len(self.target.tokens)):
             return 0
         if self.drafter.behind(ctx) > self.PROBE_CATCHUP_MAX:
             return 0

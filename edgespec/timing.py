@@ -5,6 +5,10 @@ before the machine changed) lies, and every decision built on it is wrong. This 
 t(1), t(k) and the draft's cost from the passes a generation makes anyway, and notices when the
 profile disagrees with them for long enough: then the live estimate replaces it (in memory only).
 
+Like is compared with like: a pass of k rows that ran with d tokens in the KV cache is checked
+against the profile's t(k, d) (costs.py), so a long prompt, whose passes are slower because the
+context is longer, does not make a fresh profile look stale.
+
 Pure: durations come in as seconds from whatever clock the caller uses; no I/O, no printing. The
 caller reads `stale` / `take_notice()` and says so (the render layer prints STALE_MESSAGE).
 """
@@ -34,12 +38,11 @@ def _ema(prev: float | None, x: float) -> float:
 class LiveTiming:
     """Running estimates of pass times (seconds) and the profile's staleness verdict.
 
-    reference_t1: the profile's t(1) in seconds (None: no measured profile, nothing to check);
-    reference_v: the profile's v(k) = t(k)/t(1), so that a k-token pass can be checked too.
+    reference(k, depth): the profile's seconds for a k-token pass with `depth` tokens in the KV
+    cache (None: no measured profile, nothing to check).
     """
 
-    reference_t1: float | None = None
-    reference_v: Callable[[int], float] = lambda k: 1.0
+    reference: Callable[[int, int], float] | None = None
     window: int = STALE_PASSES
     tolerance: float = STALE_RATIO
     t1: float | None = None  # live seconds per 1-token target pass
@@ -51,25 +54,26 @@ class LiveTiming:
     _noticed: bool = False
 
     def __post_init__(self) -> None:
-        if self.reference_t1 is not None and self.reference_t1 <= 0:
-            self.reference_t1 = None
         self._ratios = deque(maxlen=self.window)
         self._implied_t1 = deque(maxlen=self.window)
 
     # ---- observations -----------------------------------------------------------------------
-    def observe_verify(self, n_tokens: int, seconds: float) -> bool:
-        """Record one target pass of n_tokens; True when this pass made the profile stale."""
+    def observe_verify(self, n_tokens: int, seconds: float, depth: int = 0) -> bool:
+        """Record one target pass of n_tokens run at `depth`; True when this pass made the profile stale."""
         if n_tokens < 1 or seconds <= 0:
             return False
         if n_tokens == 1:
             self.t1 = _ema(self.t1, seconds)
         else:
             self.tk[n_tokens] = _ema(self.tk.get(n_tokens), seconds)
-        if self.reference_t1 is None or self.stale:
+        if self.reference is None or self.stale:
             return False
-        v = max(self.reference_v(n_tokens), 1e-9)
-        self._implied_t1.append(seconds / v)
-        self._ratios.append(seconds / (self.reference_t1 * v))
+        expected = self.reference(n_tokens, depth)
+        if not expected or expected <= 0:
+            return False
+        # t(1) at this depth implied by the pass, for the cost model once the profile is stale
+        self._implied_t1.append(seconds * self.reference(1, depth) / expected)
+        self._ratios.append(seconds / expected)
         if len(self._ratios) < self.window:
             return False
         if abs(statistics.median(self._ratios) - 1.0) > self.tolerance:

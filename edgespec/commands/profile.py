@@ -9,14 +9,22 @@ import click
 from .. import profile_store
 from ..config import SpecConfig
 from ..errors import EdgespecError, InputError
-from .options import kernel_kind, model_options, spec_config
+from ..hardware import HardwareInfo
+from ..measure import MeasurementAborted, measure as measure_costs
+from ..models import NullProgress
+from ..plan import Plan
+from ..render import stderr_console, stdout_console
+from ..render.common import (RichProgress, StepProgress, devices_table, hardware_table, measurement_tables,
+                             plan_table)
+from ..session import profile_key, resolve
+from .options import kernel_kind, load_config, model_options, spec_config
 from .root import CONTEXT, cli
 
 
 # ---- profile -----------------------------------------------------------------------------------
 @cli.command(context_settings=CONTEXT)
 @model_options
-@click.option("--measure/--no-measure", default=True, show_default=True, help="Time the models (a minute or so).")
+@click.option("--measure/--no-measure", default=True, show_default=True, help="Time the models (a minute or so, plus up to about 2 for the deeper context depths).")
 @click.option("--force", is_flag=True,
               help="Save the measurement even when it is unstable (busy machine, noisy timings).")
 @click.option("--show", is_flag=True, help="Print the saved profile and exit.")
@@ -32,88 +40,74 @@ def profile(measure, force, show, as_json, **kw):
 
 
 def run_profile(kw: dict, *, measure: bool, show: bool, as_json: bool, spec: SpecConfig, force: bool = False) -> None:
-    from ..render import stdout_console
-    from ..render.common import devices_table, hardware_table, measurement_tables, plan_table
-
     out = stdout_console()
     if show:
-        saved = profile_store.latest_profile()
-        if saved is None:
-            raise InputError("no saved profile yet: run `edgespec profile`")
-        if as_json:
-            click.echo(json.dumps(saved))
-            return
-        _render_saved(out, saved)
+        _show(out, as_json)
         return
     resolved, plan = _plan(kw, spec)
     hw = resolved.hardware
     result = {"hardware": hw.to_json(), "plan": plan.to_json(), "rpc": list(resolved.rpc)}
     if not as_json:
-        out.print(hardware_table(hw))
-        out.print(plan_table(plan))
-        out.print(devices_table(plan))
+        for table in (hardware_table(hw), plan_table(plan), devices_table(plan)):
+            out.print(table)
         for w in plan.warnings:
             out.print(f"[yellow]warning:[/] {w}")
-    from ..session import profile_key
-
-    target_key = profile_key(resolved.target_path)
-    draft_key = profile_key(resolved.draft_path) if resolved.draft_path else None
-    keys = [draft_key] if draft_key is None else [None, draft_key]  # the pair's file last: its verdict counts
     kernels = kernel_kind(kw)
-    m = None
-    decision = aborted = None
+    m, reasons = None, []
     if measure:
-        from ..measure import MeasurementAborted
-
         try:
             m = _measure(resolved, plan, quiet=as_json, exact=kernels == "exact", force=force)
         except MeasurementAborted as err:
-            aborted = err.reasons
+            reasons = err.reasons
             result["measurement"] = {"kernels": kernels, "stable": False, "unstable_reasons": err.reasons,
                                      "load": [x.to_json() for x in err.loads], "aborted": True}
         else:
+            reasons = m["unstable_reasons"]
             result["measurement"] = m
             if not as_json:
                 for table in measurement_tables(m):
                     out.print(table)
-    for draft in keys:
-        # The target's verify costs hold without a draft too (--spec ngram/off look them up so).
-        saved = profile_store.load_profile(hw, target_key, draft)
-        measurements = profile_store.saved_measurements(saved)
-        if m is not None:
-            measurements, decision = profile_store.merge_measurement(saved, kernels, m, force=force)
-        data = {"models": {"target": resolved.choice.target, "draft": resolved.choice.draft},
-                "plan": plan.to_json(), "measurements": measurements}
-        path = profile_store.save_profile(data, hw=hw, target_sha_or_name=target_key, draft=draft)
-    result["profile_path"] = str(path)
-    result["saved"] = "aborted" if aborted else decision
+                out.print(depth_line(m))
+    stored = profile_store.store_profile_run(
+        hw, target=profile_key(resolved.target_path),
+        draft=profile_key(resolved.draft_path) if resolved.draft_path else None,
+        data={"models": {"target": resolved.choice.target, "draft": resolved.choice.draft}, "plan": plan.to_json()},
+        kind=kernels, measurement=m, force=force, aborted=measure and m is None)
+    result["profile_path"] = str(stored.path)
+    result["saved"] = stored.decision
     if as_json:
         click.echo(json.dumps(result))
-    elif decision in ("saved", None) and not aborted:
-        out.print(f"saved profile: {path}")
-    elif decision == "forced":
-        out.print(f"[yellow]saved an unstable measurement (--force):[/] {path}")
-    if aborted:
-        kept = ("kept the saved profile's costs" if profile_store.saved_costs({"data": {"measurements": measurements}}).get(kernels)
-                else "runs use estimated costs until a stable profile is measured")
-        raise EdgespecError(
-            f"profile not measured, the machine is busy ({'; '.join(aborted)}): {kept}; rerun `edgespec profile` "
-            "when it is quiet, or pass --force to measure anyway"
-        )
-    if decision in ("kept", "unstable"):
-        kept = ("kept the saved profile's costs" if decision == "kept"
-                else "runs use estimated costs until a stable profile is measured")
-        raise EdgespecError(
-            f"profile unstable ({'; '.join(m['unstable_reasons'])}): {kept}; rerun `edgespec profile` "
-            "on a quiet machine, or pass --force to use this measurement"
-        )
+    elif stored.decision in ("saved", None):
+        out.print(f"saved profile: {stored.path}")
+    elif stored.decision == "forced":
+        out.print(f"[yellow]saved an unstable measurement (--force):[/] {stored.path}")
+    problem = stored.problem(kernels, reasons)
+    if problem:
+        raise EdgespecError(problem)
+
+
+def _show(out, as_json: bool) -> None:
+    saved = profile_store.latest_profile()
+    if saved is None:
+        raise InputError("no saved profile yet: run `edgespec profile`")
+    if as_json:
+        click.echo(json.dumps(saved))
+    else:
+        _render_saved(out, saved)
+
+
+def depth_line(m: dict) -> str:
+    """t(k) at each measured context depth, for the sizes the tables above show at depth 0: one line."""
+    depths = m.get("depths") or {}
+    if not depths:
+        return "costs measured at depth 0 only (a profile from before depth tables)"
+    shown = [k for k in ("1", "8", "16", "64") if k in m["target_ms"]]
+    tables = [("0", m["target_ms"])] + [(d, t["target_ms"]) for d, t in sorted(depths.items(), key=lambda kv: int(kv[0]))]
+    rows = [f"{d}: " + ", ".join(f"t({k}) {ms[k]:.1f}" for k in shown if k in ms) for d, ms in tables]
+    return "ms at context depth " + "; ".join(rows)
 
 
 def _plan(kw: dict, spec: SpecConfig):
-    from .options import load_config
-    from ..render import stderr_console
-    from ..render.common import RichProgress
-    from ..session import resolve
 
     # Profiling always considers the draft model, whatever --spec says, so the verdict is measured.
     spec_for_models = SpecConfig(mode="draft") if spec.mode in ("off", "ngram") else spec
@@ -123,20 +117,13 @@ def _plan(kw: dict, spec: SpecConfig):
 
 
 def _measure(resolved, plan, *, quiet: bool, exact: bool, force: bool = False) -> dict:
-    from ..measure import measure
-    from ..models import NullProgress
-    from ..render import stderr_console
-    from ..render.common import StepProgress
 
     progress = NullProgress() if quiet else StepProgress(stderr_console())
-    m = measure(resolved.target_path, resolved.draft_path, plan, progress=progress, exact=exact, stop_when_busy=not force)
+    m = measure_costs(resolved.target_path, resolved.draft_path, plan, progress=progress, exact=exact, stop_when_busy=not force)
     return m.to_json()
 
 
 def _render_saved(out, saved: dict) -> None:
-    from ..hardware import HardwareInfo
-    from ..plan import Plan
-    from ..render.common import hardware_table, measurement_tables, plan_table
 
     out.print(f"profile created {saved.get('created')} (edgespec {saved.get('edgespec_version')}, llama-cpp-python {saved.get('llama_cpp_version')})")
     out.print(f"target {saved.get('target')}, draft {saved.get('draft')}")
@@ -145,15 +132,16 @@ def _render_saved(out, saved: dict) -> None:
     data = saved.get("data", {})
     if data.get("plan"):
         out.print(plan_table(Plan.from_json(data["plan"])))
-    from ..profile_store import saved_measurements, usable
 
-    for kind, m in sorted(saved_measurements(saved).items()):
+    for kind, m in sorted(profile_store.saved_measurements(saved).items()):
         if "target_ms" not in m:
             out.print(f"{kind} kernels: costs from an older profile (no timings kept); rerun `edgespec profile` to see them")
             continue
         for table in measurement_tables({"kernels": kind, **m}):
             out.print(table)
-        if not usable(m):
+        if m.get("depths"):
+            out.print(depth_line(m))
+        if not profile_store.usable(m):
             out.print(f"[yellow]the {kind}-kernel measurement is unstable and not used[/]")
     for w in saved.get("warnings", []):
         out.print(f"[yellow]warning:[/] {w}")

@@ -16,7 +16,8 @@ import pytest
 
 from edgespec.bench.results import NEAR_TIE_LOGIT
 from edgespec.backend.model import EXACT_MAX_BATCH, LlamaModel, LoadParams
-from edgespec.controller import Controller, CostModel
+from edgespec.controller import Controller
+from edgespec.costs import CostModel
 from edgespec.engine import Engine, EngineConfig
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import ModelDrafter, SpecSettings, SpeculativeDecoder

@@ -14,7 +14,7 @@ from edgespec.bench.results import NEAR_TIE_LOGIT, BenchResult, compare_runs, fi
 from edgespec.bench.runner import BenchEvent, run_bench
 from edgespec.bench.stats import Run, aggregate, measure, median, speedup, speedup_overlaps_one
 from edgespec.config import DraftLimits, SpecConfig
-from edgespec.controller import CostModel
+from edgespec.costs import CostModel
 from edgespec.engine import Engine
 from edgespec.errors import InputError
 from edgespec.generate import GenerationStats

@@ -19,7 +19,8 @@ import pytest
 from edgespec import generate, models, session
 from edgespec.commands import main
 from edgespec.config import Mode
-from edgespec.controller import Controller, CostModel
+from edgespec.controller import Controller
+from edgespec.costs import CostModel
 from edgespec.models import HFSource, ModelEntry, PackSource, Registry
 from edgespec.models import references
 from edgespec.models.sources import hf as hf_source, pack as pack_source

@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.config import (DEFAULT_DRAFT_MAX, KV_CACHE_TYPES, KV_TYPES, MAX_DRAFT, SPEC_MODES, DraftLimits, LoadConfig,
                              Mode, SpecConfig)
-from edgespec.controller import CostModel
+from edgespec.costs import CostModel
 from edgespec.errors import ConfigError
 from edgespec.plan import kv_bytes_per_elem
 

@@ -1,6 +1,7 @@
 import pytest
 
-from edgespec.controller import POOL_MARGIN, Acceptance, Controller, CostModel, expected_tokens, speedup
+from edgespec.controller import POOL_MARGIN, Acceptance, Controller, expected_tokens, speedup
+from edgespec.costs import CostModel
 from edgespec.drafters import NgramState
 
 CPU = CostModel(verify={2: 1.42, 4: 1.54, 5: 1.97, 8: 2.85}, draft_cost=0.6)

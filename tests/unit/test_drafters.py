@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.controller import Controller, CostModel
+from edgespec.controller import Controller
+from edgespec.costs import CostModel
 from edgespec.drafters import PRIORS, NgramDrafter, NgramState, run_bucket
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from edgespec.controller import Controller, CostModel
+from edgespec.controller import Controller
+from edgespec.costs import CostModel
 from edgespec.generate import Chunk, Final, complete, stream
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import LoopStats, ModelDrafter, SpecSettings, SpeculativeDecoder, TokenEvent

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from edgespec.config import DraftLimits, SpecConfig
-from edgespec.controller import Controller, CostModel, candidate_ks, speedup
+from edgespec.controller import Controller, candidate_ks, speedup
+from edgespec.costs import CostModel
 
 # A small CPU with repacked weights: a 2-row batch costs 2 rows, large batches are cheap per row
 # (measured shape on this project's 2-core machines: v(16) ~ 7.8, v(64) ~ 23.5).

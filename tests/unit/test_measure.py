@@ -173,7 +173,7 @@ class Steps:
 def test_time_batches_interleaves_sizes_across_repeats():
     clock = FakeClock()
     ks = [1, 2, 8, 64]
-    model = TimedModel(clock, slow_call=1 + len(ks) + 2)  # prefill, warm-up walk, then the 2nd timed pass
+    model = TimedModel(clock, slow_call=len(ks) + 2)  # warm-up walk (depth 0: no prefill), then the 2nd timed pass
     steps = Steps()
     samples = M.time_batches(model, ks, 3, steps, clock=clock, min_walk_ms=0)
     batches = [n for n in model.calls if n in ks]
@@ -191,11 +191,11 @@ def test_time_batches_interleaves_sizes_across_repeats():
 def test_a_walk_times_short_batches_back_to_back_and_keeps_their_fastest_run():
     clock = FakeClock()
     ks = [1, 2, 64]
-    # calls: prefill, 3 warm-ups, then walk 1 = k1 x4 (30 ms each, ~120 ms), k2 x3, k64 x1; the
+    # calls: 3 warm-ups (depth 0: no prefill), then walk 1 = k1 x4 (30 ms each, ~120 ms), k2 x3, k64 x1; the
     # 3rd call of walk 1 (k=1) is a hiccup at 3x
-    model = TimedModel(clock, slow_call=1 + len(ks) + 3)
+    model = TimedModel(clock, slow_call=len(ks) + 3)
     samples = M.time_batches(model, ks, 2, Steps(), clock=clock, min_walk_ms=120)
-    timed = [n for n in model.calls[1 + len(ks):]]
+    timed = [n for n in model.calls[len(ks):]]
     assert timed == [1] * 4 + [2] * 3 + [64] + [64] + [2] * 3 + [1] * 4
     assert samples[1] == pytest.approx([30.0, 30.0])  # the hiccup inside a walk is not its sample
     assert samples[64] == pytest.approx([420.0, 420.0])
@@ -231,7 +231,7 @@ def test_load_meter_counts_other_processes_only(monkeypatch):
 
 
 # ---- the profile command keeps a good profile when a new one is unstable ------------------------
-def _measurement(stable: bool, t1: float) -> dict:
+def _measurement(stable: bool, t1: float, depths: dict | None = None) -> dict:
     ms = {k: v * t1 / 30.0 for k, v in QUIET_MS.items()}
     loads = IDLE if stable else (Load(1.9, 3.0, 2, "before"), Load(1.9, 3.5, 2, "during"))
     noise = QUIET_NOISE if stable else (1.0, 1.6, 2.3, 1.9, 3.1)
@@ -239,8 +239,8 @@ def _measurement(stable: bool, t1: float) -> dict:
     cost, spread = {}, {}
     for k, xs in samples.items():
         cost[k], spread[k] = summarize(xs)
-    return Measurement(cost, 12.0, 40.0, 0.8, cost_model(cost, 12.0), 64, spread, 0.01, "fast", 5, loads,
-                       tuple(check_stability(cost, spread, loads))).to_json()
+    return Measurement(cost, 12.0, 40.0, 0.8, cost_model(cost, 12.0, depths), 64, spread, 0.01, "fast", 5, loads,
+                       tuple(check_stability(cost, spread, loads)), depths or {}).to_json()
 
 
 @pytest.fixture
@@ -342,6 +342,19 @@ def test_profile_show_renders_spreads_and_stability(fake_profile_cli, capsys):
     assert rows[:14] == [str(k) for k in QUIET_MS]  # in batch-size order, as measured
 
 
+def test_profile_shows_the_depth_tables_and_runs_use_them(fake_profile_cli, capsys):
+    from edgespec.commands import main
+
+    deep = {512: {k: v + 20.0 for k, v in QUIET_MS.items()}}
+    assert fake_profile_cli(measurement=_measurement(True, 30.0, deep)) == 0
+    capsys.readouterr()
+    main(["profile", "--show"])
+    out = capsys.readouterr().out
+    assert "ms at context depth 0: t(1) 30.0, t(8) 78.0, t(16) 120.0, t(64) 420.0; 512: t(1) 50.0, t(8) 98.0" in out
+    used = _costs_used()
+    assert used.t_ms(1, 512) == pytest.approx(50.0) and used.v(8, 256) == pytest.approx(88.0 / 40.0)
+
+
 def test_profile_on_a_busy_machine_stops_before_measuring(fake_profile_cli, capsys):
     fake_profile_cli(measurement=_measurement(True, 30.0))
     capsys.readouterr()
@@ -380,3 +393,66 @@ def test_time_batches_can_stop_after_a_walk():
     with pytest.raises(M.MeasurementAborted):
         M.time_batches(model, [1, 2, 4], 5, Steps(), clock=clock, after_walk=after)
     assert len(walks) == 2
+
+
+# ---- batch costs at several context depths ---------------------------------------------------------
+class DeepModel(TimedModel):
+    """t(k) grows with the tokens in the KV cache: single passes by 20 ms per 512 tokens, batches by 10."""
+
+    def decode(self, tokens, logits_for=()):
+        tokens = list(tokens)
+        depth = len(self.tokens)
+        self.tokens += tokens
+        self.calls.append((depth, len(tokens)))
+        if len(tokens) in QUIET_MS:
+            self.clock.now += (QUIET_MS[len(tokens)] + (20.0 if len(tokens) == 1 else 10.0) * depth / 512) / 1000
+
+
+def test_depths_follow_the_plans_context():
+    assert M.depths_for(32768, 64) == [0, 512, 2048]
+    assert M.depths_for(1024, 64) == [0, 512, 959]  # the plan's context is smaller than 2048 + a batch
+    assert M.depths_for(512, 64) == [0, 447]
+    assert M.depths_for(2048 + 65, 64) == [0, 512, 2048]
+    assert M.depths_for(40, 64) == [0]
+
+
+def test_time_depths_shares_one_prefill_and_times_each_depth():
+    clock = FakeClock()
+    model = DeepModel(clock)
+    samples = M.time_depths(model, [1, 8], [0, 512, 2048], 2, Steps(), clock=clock, min_walk_ms=0)
+    prefills = [c for c in model.calls if c[1] not in (1, 8)]
+    assert prefills == [(0, 512), (512, 1536)]  # the deeper depth only adds what it needs
+    assert {d for d, n in model.calls if n in (1, 8)} == {0, 512, 2048}
+    assert len(samples[0][1]) == 2 and len(samples[512][1]) == M.DEEP_REPEATS
+    assert samples[2048][1][0] == pytest.approx(30.0 + 80.0)
+    assert samples[2048][8][0] == pytest.approx(78.0 + 40.0)
+    assert len(model.tokens) == 2048
+    table = M.cost_model({k: xs[0] for k, xs in samples[0].items()}, None,
+                         {d: {k: xs[0] for k, xs in samples[d].items()} for d in (512, 2048)})
+    assert table.t_ms(1, 1024) == pytest.approx(30.0 + 40.0)
+    assert table.v(8, 2048) == pytest.approx(118.0 / 110.0) and table.v(8, 0) == pytest.approx(78.0 / 30.0)
+
+
+def test_deeper_depths_are_skipped_when_they_would_overrun_the_budget():
+    clock = FakeClock()
+    model = DeepModel(clock)
+    # one walk over [1, 64] at depth 0 takes 0.45 s: a deeper depth (1 + DEEP_REPEATS walks) needs ~1.8 s
+    samples = M.time_depths(model, [1, 64], [0, 512, 2048], 1, Steps(), clock=clock, min_walk_ms=0, budget_s=2.5)
+    assert set(samples) == {0, 512}
+    clock = FakeClock()
+    samples = M.time_depths(DeepModel(clock), [1, 64], [0, 512], 1, Steps(), clock=clock, min_walk_ms=0, budget_s=0.1)
+    assert set(samples) == {0}
+
+
+def test_a_measurement_stores_its_depth_tables_and_judges_each_depth():
+    deep = {512: {k: v * 1.2 for k, v in QUIET_MS.items()}}
+    m = Measurement(QUIET_MS, None, 40.0, None, cost_model(QUIET_MS, None, deep), k_limit=64,
+                    target_spread={k: 0.01 for k in QUIET_MS}, depth_ms=deep,
+                    depth_spread={512: {k: 0.02 for k in QUIET_MS}})
+    data = m.to_json()
+    assert data["depths"]["512"]["target_ms"]["1"] == pytest.approx(36.0)
+    assert data["cost"]["depths"]["512"]["t1_ms"] == pytest.approx(36.0)
+    from edgespec.costs import CostModel
+
+    assert CostModel.from_json(data["cost"]).t_ms(8, 512) == pytest.approx(78.0 * 1.2)
+    assert M.check_stability(deep[512], {1: 0.3}) != []  # the same rules, applied per depth by measure()

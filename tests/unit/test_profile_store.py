@@ -166,3 +166,24 @@ def test_merge_keeps_the_other_kind_and_prefers_stable():
     # a later stable measurement replaces an unstable one
     ms2, what = merge_measurement({"data": {"measurements": ms}}, "fast", _m(30.0))
     assert what == "saved" and "forced" not in ms2["fast"]
+
+
+def test_a_profile_run_is_stored_for_the_target_and_the_pair_and_says_what_it_did():
+    data = {"models": {"target": "t", "draft": "d"}, "plan": {}}
+    first = profile_store.store_profile_run(HW, target="t", draft="d", data=data, kind="fast", measurement=_m(30.0))
+    assert first.decision == "saved" and first.usable and first.problem("fast", []) is None
+    for draft in (None, "d"):
+        stored = profile_store.load_profile(HW, "t", draft)["data"]
+        assert stored["measurements"]["fast"]["cost"]["t1_ms"] == 30.0 and stored["plan"] == {}
+    assert first.path == profile_store.profile_path(HW, "t", "d")  # the pair's file
+    busy = profile_store.store_profile_run(HW, target="t", draft="d", data=data, kind="fast",
+                                           measurement=_m(90.0, stable=False))
+    assert busy.decision == "kept" and busy.usable
+    assert busy.problem("fast", ["busy"]).startswith("profile unstable (busy): kept the saved profile's costs")
+    aborted = profile_store.store_profile_run(HW, target="t", draft="d", data=data, kind="exact", measurement=None,
+                                              aborted=True)
+    assert aborted.decision == "aborted" and not aborted.usable
+    assert "runs use estimated costs" in aborted.problem("exact", ["load"])
+    assert profile_store.load_profile(HW, "t", "d")["data"]["measurements"]["fast"]["cost"]["t1_ms"] == 30.0
+    alone = profile_store.store_profile_run(HW, target="t", draft=None, data=data, kind="fast", measurement=None)
+    assert alone.decision is None and alone.usable and alone.path == profile_store.profile_path(HW, "t", None)

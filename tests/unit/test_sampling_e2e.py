@@ -18,7 +18,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from edgespec.controller import Controller, CostModel
+from edgespec.controller import Controller
+from edgespec.costs import CostModel
 from edgespec.sampling import SamplingConfig, warp
 from edgespec.speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDecoder
 

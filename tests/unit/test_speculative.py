@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from edgespec.controller import Controller, CostModel
+from edgespec.controller import Controller
+from edgespec.costs import CostModel
 from edgespec.drafters import NgramState
 from edgespec.errors import ContextError
 from edgespec.sampling import SamplingConfig

@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 
 from edgespec import speculative
-from edgespec.controller import Controller, CostModel
+from edgespec.controller import Controller
+from edgespec.costs import CostModel
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder
 from edgespec.timing import STALE_MESSAGE, STALE_PASSES, LiveTiming
@@ -20,13 +21,19 @@ from .fakes import FakeModel, table_lm
 MS = 1e-3
 
 
+def profile_seconds(t1_ms: float, verify: dict[int, float] | None = None, deeper=None):
+    """A profile's t(k, depth) in seconds, as the controller hands it to LiveTiming."""
+    cost = CostModel(verify=dict(verify or {}), t1_ms=t1_ms, deeper=dict(deeper or {}))
+    return lambda k, depth: cost.t_ms(k, depth) * MS
+
+
 def feed(timing: LiveTiming, seconds, n_tokens=1):
     became = [timing.observe_verify(n_tokens, s) for s in seconds]
     return [i for i, b in enumerate(became) if b]
 
 
 def test_stale_after_twenty_passes_off_by_more_than_thirty_percent():
-    t = LiveTiming(reference_t1=30 * MS)
+    t = LiveTiming(reference=profile_seconds(30))
     assert feed(t, [60 * MS] * (STALE_PASSES - 1)) == [] and not t.stale
     assert feed(t, [60 * MS]) == [0] and t.stale  # the 20th pass
     assert feed(t, [60 * MS] * 5) == []  # reported once
@@ -34,29 +41,28 @@ def test_stale_after_twenty_passes_off_by_more_than_thirty_percent():
 
 
 def test_faster_than_the_profile_is_stale_too():
-    t = LiveTiming(reference_t1=60 * MS)
+    t = LiveTiming(reference=profile_seconds(60))
     feed(t, [30 * MS] * STALE_PASSES)
     assert t.stale
 
 
 def test_within_thirty_percent_is_never_stale():
-    t = LiveTiming(reference_t1=30 * MS)
+    t = LiveTiming(reference=profile_seconds(30))
     feed(t, [38 * MS, 22 * MS] * 100)  # +27% / -27%
     assert not t.stale
 
 
 def test_a_few_slow_passes_do_not_condemn_a_good_profile():
-    t = LiveTiming(reference_t1=30 * MS)
+    t = LiveTiming(reference=profile_seconds(30))
     feed(t, ([30 * MS] * 3 + [150 * MS] * 2) * 20)  # 40% of passes hit by a busy neighbour
     assert not t.stale
 
 
 def test_batches_are_checked_against_the_profiles_v_of_k():
-    v = CostModel(verify={4: 2.0}).v
-    ok = LiveTiming(reference_t1=30 * MS, reference_v=v)
+    ok = LiveTiming(reference=profile_seconds(30, {4: 2.0}))
     feed(ok, [60 * MS] * 40, n_tokens=4)  # exactly what the profile predicts for 4 tokens
     assert not ok.stale and ok.live_t1() is None  # no 1-token pass yet, nothing to anchor to
-    slow = LiveTiming(reference_t1=30 * MS, reference_v=v)
+    slow = LiveTiming(reference=profile_seconds(30, {4: 2.0}))
     feed(slow, [120 * MS] * STALE_PASSES, n_tokens=4)
     assert slow.stale
     # stale with no 1-token pass: t(1) implied by the batches through the profile's shape
@@ -65,14 +71,14 @@ def test_batches_are_checked_against_the_profiles_v_of_k():
 
 
 def test_no_profile_means_nothing_to_be_stale_against():
-    t = LiveTiming(reference_t1=None)
+    t = LiveTiming(reference=None)
     feed(t, [500 * MS] * 100)
     assert not t.stale and not t.take_notice()
     assert t.live_t1() == pytest.approx(500 * MS)
 
 
 def test_notice_is_taken_once():
-    t = LiveTiming(reference_t1=30 * MS)
+    t = LiveTiming(reference=profile_seconds(30))
     assert not t.take_notice()
     feed(t, [90 * MS] * STALE_PASSES)
     assert t.take_notice() and not t.take_notice()
@@ -181,3 +187,98 @@ def test_decoder_on_the_profiled_machine_keeps_the_profile(monkeypatch):
     buf = io.StringIO()
     print_stale_notice(Console(file=buf), ctl)
     assert buf.getvalue() == ""
+
+
+# ---- like with like: a pass at depth d against the profile at d -------------------------------------
+def machine_ms(k: int, depth: int) -> float:
+    """This machine's true pass time: single passes slow with the context much faster than batches
+    (the shape issue 25 measured on an AVX2 EPYC: t(1) 70 -> 109 ms after ~450 tokens)."""
+    base = {1: 70.0, 2: 120.0, 4: 200.0, 8: 448.0, 16: 560.0}[k]
+    return base + (0.085 if k == 1 else 0.02) * depth
+
+
+def depth_profile(depths=(0, 512, 2048)) -> CostModel:
+    cost = CostModel.from_ms({d: {k: machine_ms(k, d) for k in (1, 2, 4, 8, 16)} for d in depths})
+    cost.draft_cost = 0.2
+    return cost
+
+
+def long_prompt_passes(n_prompt=450, n_passes=60, slower=1.0):
+    """(rows, depth, seconds) of a generation after an n_prompt-token prompt: plain passes and
+    4-, 8- and 16-row verify batches, each +-10% of the machine's time (`slower`: a slower machine)."""
+    depth = n_prompt
+    for i in range(n_passes):
+        k = (1, 4, 1, 8, 1, 16)[i % 6]
+        noise = (0.9, 1.1, 1.0, 1.05, 0.95)[i % 5]
+        yield k, depth, machine_ms(k, depth) * noise * slower * MS
+        depth += 1 if k == 1 else k // 2
+
+
+def test_a_fresh_profile_is_never_called_stale_by_a_long_prompt():
+    ctl = Controller(depth_profile(), k_max=15)
+    for k, depth, s in long_prompt_passes(n_prompt=450):
+        ctl.observe_verify(k, s, depth=depth)
+    assert not ctl.profile_stale and ctl.cost.deeper  # the profile's tables stay in use
+    deeper = Controller(depth_profile(), k_max=15)
+    for k, depth, s in long_prompt_passes(n_prompt=3000):  # past the deepest table: extrapolated
+        deeper.observe_verify(k, s, depth=depth)
+    assert not deeper.profile_stale
+
+
+def test_the_same_passes_against_one_depth_are_what_called_it_stale():
+    # the profile measured at depth 0 only (today's saved profiles) and a decoder that does not
+    # say the depth: the long prompt's passes look 30%+ slow, and a good profile is thrown away
+    old = CostModel.from_ms({0: {k: machine_ms(k, 0) for k in (1, 2, 4, 8, 16)}})
+    ctl = Controller(old, k_max=15)
+    for k, depth, s in long_prompt_passes(n_prompt=450):
+        ctl.observe_verify(k, s, depth=depth)
+    assert ctl.profile_stale
+
+
+def test_a_slower_machine_is_still_found_at_any_depth():
+    ctl = Controller(depth_profile(), k_max=15)
+    for k, depth, s in long_prompt_passes(n_prompt=450, slower=1.6):
+        ctl.observe_verify(k, s, depth=depth)
+    assert ctl.profile_stale and ctl.cost.deeper == {} and ctl.cost.verify != {}
+
+
+class DepthClockModel(FakeModel):
+    """Every pass advances the fake clock by machine_ms(rows, tokens already in the cache)."""
+
+    def __init__(self, clock, **kw):
+        super().__init__(table_lm(5), **kw)
+        self.clock = clock
+
+    def decode(self, tokens, logits_for=()):
+        tokens = list(tokens)
+        self.clock.now += machine_ms(len(tokens) if len(tokens) in (1, 2, 4, 8, 16) else 16, len(self.tokens)) * MS
+        return super().decode(tokens, logits_for)
+
+    def is_eog(self, token):
+        return False
+
+
+class DepthOfTarget(Controller):
+    """Fills in the depth the decoder knows (its target's KV length) where the decoder does not
+    pass it yet: the call the decoder makes is observe_verify(rows, seconds, depth=kv_length)."""
+
+    def __init__(self, model, *a, **kw):
+        super().__init__(*a, **kw)
+        self.model = model
+
+    def observe_verify(self, n_tokens, seconds, *, depth=None):
+        super().observe_verify(n_tokens, seconds, depth=len(self.model.tokens) - n_tokens if depth is None else depth)
+
+
+def test_the_decoder_on_a_scripted_clock_after_a_long_prompt_keeps_a_fresh_profile(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(speculative, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    model = DepthClockModel(clock, n_ctx=1024)
+    ctl = DepthOfTarget(model, depth_profile(), k_max=8)
+    dec = SpeculativeDecoder(model, SamplingConfig(), ctl, SpecSettings(mode="off"))
+    out = list(dec.generate(list(range(1, 8)) * 64, 40))  # a 448-token prompt
+    assert len(out) == 40 and not ctl.profile_stale
+    stale = Controller(CostModel.from_ms({0: {k: machine_ms(k, 0) for k in (1, 2, 4, 8, 16)}}), k_max=8)
+    model = DepthClockModel(clock, n_ctx=1024)
+    list(SpeculativeDecoder(model, SamplingConfig(), stale, SpecSettings(mode="off")).generate(list(range(1, 8)) * 64, 40))
+    assert stale.profile_stale  # the depth-0 profile against the same passes

@@ -1,0 +1,182 @@
+"""What a verify batch costs on this machine: v(k, depth) = t(k, depth) / t(1, depth).
+
+The profile times k-row target batches at a few context depths (the number of tokens already in
+the KV cache when the batch runs). Costs grow with the depth, and not alike for every batch size
+(README, *How it works*: a single pass can slow down far more than a verify batch), so v(k) read
+at depth 0 misjudges drafts deep in a long prompt. The cost model answers at the depth of the round:
+
+- within one measured depth, the staircase rule: between measured sizes, the next measured one's
+  cost (CPU kernels work in row tiles); outside them, the nearest end's slope;
+- between measured depths, each t(k) linearly in the depth (attention is linear in the cells it
+  reads); beyond the deepest, the last stretch's growth per token, never below none.
+
+A cost model without depth tables (a profile saved before they were measured, live timing, the
+prior) answers the same v(k) at every depth, as before. Pure: no llama_cpp, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+# Conservative CPU-shaped prior until the profile or live timing says otherwise:
+# verifying k tokens costs about 1 + 0.5 (k - 1) single-token passes on a small CPU (measured here).
+PRIOR_VERIFY_SLOPE = 0.5
+MIN_SLOPE = 0.02  # extrapolating past the largest measured batch: never below 1 + 0.02 per row
+
+
+def staircase(verify: Mapping[int, float], k: int, slope: float = PRIOR_VERIFY_SLOPE) -> float:
+    """v(k) from one depth's measured table {k: t(k)/t(1)}."""
+    if k <= 1:
+        return 1.0
+    if k in verify:
+        return verify[k]
+    known = sorted(x for x in verify if x > 1)
+    if not known:
+        return 1.0 + slope * (k - 1)
+    below = [x for x in known if x < k]
+    above = [x for x in known if x > k]
+    if below and above:
+        # Between measured sizes, the next measured one's cost: CPU kernels work in row tiles,
+        # so cost is a staircase, not a line (measured on 2 cores: t(16) 257 ms, t(17) 313,
+        # t(20) 345, t(24) 408; a line from 16 to 24 says 276 for 17). Unmeasured sizes
+        # may cost up to that much; the measured, tile-aligned ones are what the choice should use.
+        return max(verify[above[0]], verify[below[-1]])
+    # Outside the measured range: extend with the slope of the nearest end.
+    a = below[-1] if below else above[0]
+    end_slope = max((verify[a] - 1.0) / (a - 1), MIN_SLOPE)
+    return verify[a] + end_slope * (k - a)
+
+
+@dataclass(frozen=True)
+class DepthCosts:
+    """One measured depth: t(1) in ms and v(k) = t(k)/t(1) there."""
+
+    t1_ms: float
+    verify: Mapping[int, float]
+
+    def t_ms(self, k: int, slope: float = PRIOR_VERIFY_SLOPE) -> float:
+        return self.t1_ms * staircase(self.verify, k, slope)
+
+
+@dataclass
+class CostModel:
+    """Relative costs: v(k, depth) for a k-token verify batch; c = draft token / target token.
+
+    `verify` and `t1_ms` are the table at depth 0 (a profile from before depth tables: its only
+    table, read as depth 0); `deeper` holds the tables measured at depths > 0. Live timing writes
+    `verify` (see Controller) after `forget_measured()`."""
+
+    verify: dict[int, float] = field(default_factory=dict)
+    draft_cost: float = 0.6
+    slope: float = PRIOR_VERIFY_SLOPE
+    t1_ms: float | None = None  # the profile's own t(1) at depth 0: live timing is checked against it
+    deeper: dict[int, DepthCosts] = field(default_factory=dict)
+
+    # ---- answers ------------------------------------------------------------------------------
+    @property
+    def depth_aware(self) -> bool:
+        return bool(self.deeper) and self.t1_ms is not None
+
+    def v(self, k: int, depth: int = 0) -> float:
+        if k <= 1:
+            return 1.0
+        if not self.depth_aware or depth <= 0:
+            return staircase(self.verify, k, self.slope)
+        return max(1.0, self._t_ms(k, depth) / self._t_ms(1, depth))
+
+    def t_ms(self, k: int, depth: int = 0) -> float | None:
+        """Milliseconds of a k-row batch at this depth; None without an absolute scale (no profile)."""
+        if self.t1_ms is None:
+            return None
+        if not self.depth_aware:
+            return self.t1_ms * staircase(self.verify, k, self.slope)
+        return self._t_ms(k, depth)
+
+    def t1_at(self, depth: int = 0) -> float | None:
+        """t(1) in ms at this depth (None without a profile)."""
+        return self.t_ms(1, depth)
+
+    def sizes(self) -> set[int]:
+        """Every batch size measured at some depth (where the cost staircase steps)."""
+        out = set(self.verify)
+        for table in self.deeper.values():
+            out |= set(table.verify)
+        return {k for k in out if k > 1}
+
+    def depths(self) -> list[int]:
+        return [0, *sorted(self.deeper)] if self.depth_aware else [0]
+
+    def _table(self, depth: int) -> DepthCosts:
+        if depth == 0:
+            return DepthCosts(self.t1_ms or 0.0, self.verify)
+        return self.deeper[depth]
+
+    def _t_ms(self, k: int, depth: int) -> float:
+        ds = self.depths()
+        depth = max(depth, 0)
+        lo = max(d for d in ds if d <= depth)
+        above = [d for d in ds if d > depth]
+        t_lo = self._table(lo).t_ms(k, self.slope)
+        if above:
+            hi = above[0]
+            t_hi = self._table(hi).t_ms(k, self.slope)
+            return t_lo + (t_hi - t_lo) * (depth - lo) / (hi - lo)
+        # beyond the deepest table: its last stretch's growth per token, never a shrinking cost
+        prev = ds[-2]
+        growth = (t_lo - self._table(prev).t_ms(k, self.slope)) / (lo - prev)
+        return t_lo + max(0.0, growth) * (depth - lo)
+
+    # ---- changes ------------------------------------------------------------------------------
+    def forget_measured(self) -> None:
+        """Drop the profile's tables (live timing takes over). New containers, not cleared ones:
+        copies of this model made with dataclasses.replace may share them."""
+        self.verify = {}
+        self.deeper = {}
+
+    # ---- storage ------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        data = {"verify": {str(k): v for k, v in sorted(self.verify.items())}, "draft_cost": self.draft_cost}
+        if self.t1_ms is not None:
+            data["t1_ms"] = self.t1_ms
+        if self.deeper:
+            data["depths"] = {str(d): {"t1_ms": t.t1_ms, "verify": {str(k): v for k, v in sorted(t.verify.items())}}
+                              for d, t in sorted(self.deeper.items())}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CostModel":
+        t1 = data.get("t1_ms")
+        deeper = {}
+        raw = data.get("depths")
+        if isinstance(raw, dict):
+            for d, table in raw.items():
+                try:
+                    depth, t1_d = int(d), float(table["t1_ms"])
+                    verify = {int(k): float(v) for k, v in table.get("verify", {}).items()}
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    continue  # one damaged depth is ignored, not the profile
+                if depth > 0 and t1_d > 0:
+                    deeper[depth] = DepthCosts(t1_d, verify)
+        return cls(
+            verify={int(k): float(v) for k, v in data.get("verify", {}).items()},
+            draft_cost=float(data.get("draft_cost", 0.6)),
+            t1_ms=float(t1) if isinstance(t1, (int, float)) and t1 > 0 else None,
+            deeper=deeper,
+        )
+
+    @classmethod
+    def from_ms(cls, target_ms: Mapping[int, Mapping[int, float]], draft_ms: float | None = None) -> "CostModel":
+        """From measured milliseconds {depth: {k: t(k)}} (each depth with k = 1); c = draft t(1) / t(1) at
+        the shallowest depth (the draft's cost grows with the context as the target's does)."""
+        ds = sorted(target_ms)
+        if not ds or any(1 not in target_ms[d] for d in ds):
+            raise ValueError("every depth needs t(1)")
+
+        def table(ms: Mapping[int, float]) -> tuple[float, dict[int, float]]:
+            t1 = ms[1]
+            return t1, {k: max(1.0, v / t1) for k, v in ms.items() if k > 1}
+
+        t1, verify = table(target_ms[ds[0]])  # the shallowest (0 in every profile) is the base table
+        deeper = {d: DepthCosts(*table(target_ms[d])) for d in ds[1:]}
+        return cls(verify=verify, draft_cost=(draft_ms / t1) if draft_ms else 0.0, t1_ms=t1, deeper=deeper)

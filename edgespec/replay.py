@@ -1,0 +1,308 @@
+"""Replay: what a drafting policy would have drafted, accepted and cost on a recorded answer.
+
+A greedy answer is fixed by the target whatever drafts it (up to near-ties, see README
+*Exactness*), so a recording of one — the prompt's tokens and the answer's — and a machine's
+measured costs t(k, depth) say what any policy would have done on that machine: each round's
+draft is checked against the recording, and each verify batch of k rows costs t(k, depth) at the
+depth it ran. The policies:
+
+- "auto": edgespec's own decoder (speculative.py) with the copy-following n-gram drafter and the
+  controller as they are, over a target that answers from the recording;
+- "ngram-simple" / "ngram-simple-16": llama.cpp's `--spec-type ngram-simple` (common/ngram-map.cpp:
+  the last 12 tokens looked up in the history, the latest match's next 48 — or 16 — tokens drafted,
+  nothing under 12);
+- "ngram-mod": llama.cpp's `--spec-type ngram-mod` (common/speculative.cpp: a table of 24-grams
+  to their next token, drafts chained from it, kept only at 48+ tokens, at most 64; the table
+  emptied after 5 rounds in a row accepting under a quarter);
+- "plain": one token per pass.
+
+Only generation is modelled (prefill costs every policy the same), and no draft model (its
+proposals are not in a recording). Pure: no llama_cpp, no clock; recordings and cost tables are
+JSON files (tests/data/).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .config import DraftLimits, SpecConfig
+from .controller import Controller
+from .costs import CostModel
+from .drafters import NgramDrafter, common_prefix_len
+from .sampling import SamplingConfig
+from .speculative import SpecSettings, SpeculativeDecoder
+
+EOS = 0  # the recording's tokens are renumbered 1..V; 0 ends the answer
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Recording:
+    id: str
+    category: str
+    prompt: tuple[int, ...]
+    answer: tuple[int, ...]
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Recording":
+        return cls(str(data["id"]), str(data.get("category", "")), tuple(data["prompt"]), tuple(data["answer"]))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Recording":
+        return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def dense(self) -> tuple[list[int], list[int]]:
+        """Prompt and answer renumbered 1..V (the fake target's logits stay small), EOS appended."""
+        ids: dict[int, int] = {}
+        for t in (*self.prompt, *self.answer):
+            ids.setdefault(t, len(ids) + 1)
+        return [ids[t] for t in self.prompt], [ids[t] for t in self.answer] + [EOS]
+
+
+def load_cost_table(path: str | Path) -> CostModel:
+    """A stored machine cost table: {"depths": {"0": {"t_ms": {"1": ..., "8": ...}}, ...}, ...}."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    ms = {int(d): {int(k): float(v) for k, v in table["t_ms"].items()} for d, table in data["depths"].items()}
+    return CostModel.from_ms(ms, data.get("draft_ms"))
+
+
+# ---- the outcome ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Replayed:
+    policy: str
+    tokens: int  # answer tokens emitted (the end-of-answer token not counted)
+    passes: int  # target passes during generation
+    drafted: int
+    accepted: int
+    ms: float  # modelled generation time
+    batches: tuple[tuple[int, int], ...] = field(default=(), repr=False)  # (rows, depth) of each pass
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.ms * 1000.0 if self.ms > 0 else 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+# ---- a target that answers from the recording ------------------------------------------------------
+class RecordedTarget:
+    """The `Model` protocol over a recording: each row's argmax is the recorded next token."""
+
+    def __init__(self, prompt: Sequence[int], truth: Sequence[int], vocab: int):
+        self.prompt_len = len(prompt)
+        self.truth = list(truth)  # the answer, then EOS
+        self.n_vocab = vocab
+        self.n_ctx = len(prompt) + len(truth) + 64
+        self.tokens: list[int] = []
+        self.passes: list[tuple[int, int]] = []  # (rows, depth) of each pass after the prefill
+
+    def decode(self, tokens, logits_for=()):
+        tokens = list(tokens)
+        start = len(self.tokens)
+        if start >= self.prompt_len - 1:
+            self.passes.append((len(tokens), start))
+        self.tokens.extend(tokens)
+        rows = np.full((len(logits_for), self.n_vocab), -10.0, dtype=np.float32)
+        for r, i in enumerate(logits_for):
+            at = start + i + 1 - self.prompt_len  # the answer position this row predicts
+            rows[r, self.truth[min(max(at, 0), len(self.truth) - 1)]] = 10.0
+        return rows
+
+    def trim(self, n: int) -> None:
+        del self.tokens[n:]
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+
+def _cost_of(passes: Sequence[tuple[int, int]], cost: CostModel) -> float:
+    return sum(cost.t_ms(rows, depth) for rows, depth in passes)
+
+
+def linear_between(cost: CostModel, up_to: int = 80) -> CostModel:
+    """The table with every batch size up to `up_to` filled in linearly between measured sizes (past
+    the largest, its last stretch's slope), at each depth.
+
+    What a pass of an unmeasured size really costs lies between this and the next measured size's
+    cost (the staircase the controller assumes; README, *Measured*, shows both on one machine).
+    Replays charge this one by default, so a policy drafting odd sizes
+    (llama.cpp's 48-token drafts are 49-row batches) is not charged the next tile it may not pay."""
+    def fill(ms: dict[int, float]) -> dict[int, float]:
+        ks = sorted(ms)
+        out = {}
+        for k in range(1, up_to + 1):
+            lo = max((x for x in ks if x <= k), default=ks[0])
+            hi = min((x for x in ks if x > k), default=None)
+            if hi is None:  # past the largest: the last stretch's slope
+                a, b = (ks[-2], ks[-1]) if len(ks) > 1 else (ks[-1], ks[-1])
+                slope = (ms[b] - ms[a]) / (b - a) if b > a else 0.0
+                out[k] = ms[b] + max(slope, 0.0) * (k - b)
+            else:
+                out[k] = ms[lo] + (ms[hi] - ms[lo]) * (k - lo) / (hi - lo)
+        return out
+
+    tables = {0: {1: cost.t1_ms, **{k: v * cost.t1_ms for k, v in cost.verify.items()}}}
+    for d, t in cost.deeper.items():
+        tables[d] = {1: t.t1_ms, **{k: v * t.t1_ms for k, v in t.verify.items()}}
+    return CostModel.from_ms({d: fill(ms) for d, ms in tables.items()}, None)
+
+
+# ---- the policies ------------------------------------------------------------------------------------
+def replay_auto(rec: Recording, cost: CostModel, *, spec: SpecConfig = SpecConfig(),
+                charge: CostModel | None = None) -> Replayed:
+    """edgespec's decoder as it is (--spec auto, no draft model) on this recording, choosing from
+    `cost`; its passes charged from `charge` (default: `cost`)."""
+    prompt, truth = rec.dense()
+    target = RecordedTarget(prompt, truth, max([*prompt, *truth]) + 1)
+    k_max = DraftLimits.of(spec, cost).draft_max
+    ctl = Controller(CostModel.from_json(cost.to_json()), k_min=spec.draft_min, k_max=k_max, allow_off=True,
+                     learn_timing=False)
+    dec = SpeculativeDecoder(target, SamplingConfig(), ctl, SpecSettings(mode="auto", draft_min=spec.draft_min,
+                             draft_max=k_max), ngram=NgramDrafter(spec.ngram_min, spec.ngram_max))
+    out = [e.token for e in dec.generate(prompt, len(truth))]
+    assert out == truth[: len(out)] and len(out) == len(truth) - 1, "the replayed answer is the recording"
+    rounds = dec.stats.rounds
+    return Replayed("auto", len(out), len(target.passes), sum(r.drafted for r in rounds),
+                    sum(r.accepted for r in rounds), _cost_of(target.passes, charge or cost), tuple(target.passes))
+
+
+class NgramSimple:
+    """llama.cpp's ngram-simple (common_ngram_simple_draft), on token lists."""
+
+    def __init__(self, size_n: int = 12, size_m: int = 48):
+        self.n, self.m = size_n, size_m
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, ctx: Sequence[int]) -> list[int]:
+        tokens, n = ctx[:-1], self.n  # llama.cpp keeps the last sampled token apart
+        cur = len(tokens)
+        if cur <= n + self.m + 1:
+            return []
+        pattern = list(tokens[cur - n + 1:]) + [ctx[-1]]
+        first = pattern[0]
+        for j in range(cur - n - 1, 0, -1):  # backwards, position 0 never (it means "no match")
+            if tokens[j] == first and list(tokens[j:j + n]) == pattern:
+                copy = min(self.m, cur - (j + n))
+                return list(tokens[j + n:j + n + copy]) if copy >= n else []
+        return []
+
+    def accept(self, n_accepted: int) -> None:
+        pass
+
+
+class NgramMod:
+    """llama.cpp's ngram-mod (common_speculative_impl_ngram_mod); a dict stands for its 4M-entry hash
+    table (collisions there are rare at these lengths)."""
+
+    def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64):
+        self.n, self.n_min, self.n_max = n_match, n_min, n_max
+        self.table: dict[tuple[int, ...], int] = {}
+        self.i_last = 0
+        self.n_low = 0
+        self.n_draft_last = 0
+
+    def _add(self, tokens: Sequence[int], lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            self.table[tuple(tokens[i:i + self.n])] = tokens[i + self.n]
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.i_last = self.n_draft_last = 0
+        if len(prompt) < self.n:
+            return
+        self._add(prompt, 0, len(prompt) - self.n)
+        self.i_last = len(prompt) - self.n
+
+    def draft(self, ctx: Sequence[int]) -> list[int]:
+        tokens, n = ctx[:-1], self.n
+        self.n_draft_last = 0
+        cur = len(tokens)
+        if cur < n:
+            return []
+        if self.i_last + 32 < cur:  # new n-grams go in in chunks
+            self._add(tokens, self.i_last, cur - n)
+            self.i_last = cur - n
+        key = list(tokens[cur - n + 1:]) + [ctx[-1]]
+        out: list[int] = []
+        for i in range(self.n_max):
+            nxt = self.table.get(tuple(key[i:i + n]))
+            if nxt is None:
+                if i < self.n_min:
+                    return []
+                break
+            key.append(nxt)
+            out.append(nxt)
+        self.n_draft_last = len(out)
+        return out
+
+    def accept(self, n_accepted: int) -> None:
+        if self.n_draft_last > 0:
+            if n_accepted / self.n_draft_last < 0.25:
+                self.n_low += 1
+                if self.n_low >= 5:
+                    self.table.clear()
+                    self.n_low = self.i_last = 0
+            else:
+                self.n_low = 0
+
+
+class Plain:
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, ctx: Sequence[int]) -> list[int]:
+        return []
+
+    def accept(self, n_accepted: int) -> None:
+        pass
+
+
+def replay_fixed(name: str, drafter, rec: Recording, cost: CostModel) -> Replayed:
+    """llama-speculative-simple's loop: draft what the drafter gives (cut to the answer's remaining
+    budget), verify [last, draft...] in one batch, keep the matching prefix and the target's token."""
+    prompt, truth = rec.dense()
+    ctx = list(prompt)
+    drafter.begin(ctx[:-1])
+    emitted = drafted = accepted = 0
+    passes = []
+    while True:
+        draft = drafter.draft(ctx)[: len(truth) - emitted - 1]
+        passes.append((len(draft) + 1, len(ctx) - 1))
+        n = common_prefix_len(draft, truth[emitted:])
+        drafted += len(draft)
+        drafter.accept(n)
+        accepted += n
+        new = truth[emitted:emitted + n + 1]
+        if new[-1] == EOS:
+            emitted += len(new) - 1
+            break
+        ctx += new
+        emitted += len(new)
+    return Replayed(name, emitted, len(passes), drafted, accepted, _cost_of(passes, cost), tuple(passes))
+
+
+POLICIES: dict[str, Callable[[], object]] = {
+    "plain": Plain,
+    "ngram-simple": NgramSimple,
+    "ngram-simple-16": lambda: NgramSimple(12, 16),
+    "ngram-mod": NgramMod,
+}
+
+
+def replay(policy: str, rec: Recording, cost: CostModel, *, charge: CostModel | None = None) -> Replayed:
+    """`policy` on `rec`: the controller decides from `cost` (what the profile measured); each pass is
+    charged from `charge` (default: `cost` filled in linearly between its sizes, linear_between)."""
+    if policy != "auto" and policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r} (known: auto, {', '.join(POLICIES)})")
+    charge = charge or linear_between(cost)
+    if policy == "auto":
+        return replay_auto(rec, cost, charge=charge)
+    return replay_fixed(policy, POLICIES[policy](), rec, charge)

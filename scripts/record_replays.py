@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Record greedy answers of built-in bench prompts as token sequences, for the replay harness.
+
+    scripts/record_replays.py [--out tests/data/recordings] [-t 2] [ID ...]
+
+Each file holds the prompt's tokens (chat template applied, as bench feeds them) and the answer's
+tokens, from the default pair's target with the default kernels and `--spec auto` without a draft
+model (n-gram drafting only, to record faster): greedy, so the answer is plain decoding's except
+where the target's top two logits nearly tie (see README, *Exactness*). Recording is not timing:
+nothing here measures speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from edgespec import models, session
+from edgespec.bench import load_prompts
+from edgespec.config import LoadConfig, SpecConfig
+from edgespec.generate import Final
+from edgespec.sampling import SamplingConfig
+from edgespec.template import Message
+
+DEFAULT_IDS = ("copy-fix-bisect", "rename-heapq", "copy-quote-shlex", "edit-rename", "sr-colorsys",
+               "insert-calendar-checks", "free-story", "code-lru", "summ-raise", "rag-objects-quote",
+               "rag-with-own-words")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ids", nargs="*", default=list(DEFAULT_IDS))
+    ap.add_argument("--out", default="tests/data/recordings")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    a = ap.parse_args()
+    target, _ = models.load_registry().pair(None)
+    spec = SpecConfig(mode="auto")
+    resolved = session.resolve(LoadConfig(target=target.name, draft=None, threads=a.threads), spec, kernels="fast")
+    engine = session.open_engine(resolved, spec, exact=False)
+    prompts = {p.id: p for p in load_prompts()}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for pid in a.ids:
+        p = prompts[pid]
+        messages = ([Message("system", p.system)] if p.system else []) + [Message("user", p.prompt)]
+        tokens = engine.chat_tokens(messages)
+        dec = engine.decoder(SamplingConfig())
+        final = None
+        for item in engine.stream(tokens, max_tokens=p.max_tokens or 256, decoder=dec):
+            if isinstance(item, Final):
+                final = item
+        answer = list(final.tokens)
+        record = {"id": p.id, "category": p.category, "model": resolved.target_path.name,
+                  "recorded_with": "edgespec --spec auto (n-gram only), default kernels, greedy",
+                  "finish": final.finish_reason if final else None,
+                  "prompt": tokens, "answer": answer}
+        (out / f"{p.id}.json").write_text(json.dumps(record) + "\n")
+        print(f"{p.id}: {len(tokens)} prompt tokens, {len(answer)} answer tokens ({record['finish']})", flush=True)
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""The replay harness: recorded greedy answers + a machine's cost table -> what each policy would
+have drafted, accepted and cost; and the controller checked against llama.cpp's fixed-length n-gram
+modes on the three machine kinds the project has seen (tests/data/costs)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from edgespec.costs import CostModel
+from edgespec.replay import (EOS, NgramMod, NgramSimple, Recording, RecordedTarget, load_cost_table, replay,
+                             replay_fixed)
+
+DATA = Path(__file__).parent.parent / "data"
+TABLES = sorted((DATA / "costs").glob("*.json"))
+RECORDINGS = sorted((DATA / "recordings").glob("*.json"))
+FIXED = ("ngram-simple", "ngram-simple-16", "ngram-mod")
+# a flat-ish machine: a 64-row batch for 8 single passes
+CHEAP = CostModel.from_ms({0: {1: 10.0, 2: 12.0, 4: 14.0, 8: 20.0, 16: 30.0, 32: 50.0, 64: 80.0}})
+
+
+def text(n: int, seed: int, vocab: int = 500) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, vocab) for _ in range(n)]
+
+
+def copy_recording(n: int = 300) -> Recording:
+    doc = text(n, 1)
+    return Recording("copy", "copy", tuple(text(20, 2) + doc + text(10, 3)), tuple(doc))
+
+
+# ---- the pieces ---------------------------------------------------------------------------------
+def test_the_recorded_target_answers_the_recording_row_by_row():
+    target = RecordedTarget([5, 6, 7], [8, 9, EOS], vocab=10)
+    target.decode([5, 6])  # the prefill (not a generation pass)
+    rows = target.decode([7, 8, 4], range(3))
+    assert rows.argmax(axis=1).tolist() == [8, 9, EOS]
+    assert target.passes == [(3, 2)]
+    target.trim(4)
+    assert target.decode([9], [0]).argmax(axis=1).tolist() == [EOS] and target.passes[-1] == (1, 4)
+
+
+def test_recordings_are_renumbered_densely_with_an_end():
+    rec = Recording("r", "copy", (1000, 7, 1000), (7, 99))
+    assert rec.dense() == ([1, 2, 1], [2, 3, EOS])
+
+
+def test_ngram_simple_drafts_what_followed_the_latest_twelve_token_match():
+    doc = text(100, 4)
+    d = NgramSimple()
+    ctx = [1] + doc + doc[:12]  # the last 12 tokens occur at 1
+    assert d.draft(ctx) == doc[12:60]  # 48 tokens
+    assert NgramSimple(12, 16).draft(ctx) == doc[12:28]
+    assert d.draft(doc + doc[:12]) == []  # a match at position 0 is llama.cpp's "no match"
+    assert d.draft([1] + doc + doc[:11] + [1]) == []  # no 12-token match
+    assert NgramSimple(12, 16).draft([1] + doc[:30] + doc[:12]) == doc[12:28]
+    assert d.draft([1] + [5, 6, 7] * 30) == []  # the latest match is 3 back: 3 tokens follow it, under 12
+    assert d.draft([1] + doc[:14] + doc[:12]) == []  # under n + m + 1 tokens: nothing
+
+
+def test_ngram_mod_drafts_48_or_more_and_forgets_after_five_poor_rounds():
+    doc = text(200, 5)
+    d = NgramMod()
+    d.begin(doc + doc[:23])
+    draft = d.draft(doc + doc[:24])
+    assert draft == doc[24:88]  # 64 tokens chained through the 24-gram table
+    d2 = NgramMod()
+    d2.begin(doc[:40] + doc[:23])  # 24-grams at 0..38: the chain from doc[:24] holds 39 tokens
+    assert d2.draft(doc[:40] + doc[:24]) == []  # under the 48 minimum
+    d3 = NgramMod()
+    d3.begin(doc[:60] + doc[:23])
+    assert len(d3.draft(doc[:60] + doc[:24])) == 59  # 48 or more: drafted, up to where the table ends
+    for _ in range(5):
+        d.draft(doc + doc[:24])
+        d.accept(2)  # 2 of 64: under a quarter
+    assert d.table == {} and d.i_last == 0
+
+
+def test_plain_costs_one_pass_per_token_at_each_depth():
+    rec = copy_recording(50)
+    r = replay("plain", rec, CHEAP)
+    assert r.tokens == 50 and r.passes == 51 and r.drafted == 0  # the last pass says the answer ended
+    depths = [d for _, d in r.batches]
+    assert depths == list(range(len(rec.prompt) - 1, len(rec.prompt) + 50))
+    deep = CostModel.from_ms({0: {1: 10.0}, 1000: {1: 20.0}})
+    assert replay("plain", rec, deep).ms == pytest.approx(sum(10.0 + d / 100.0 for d in depths))
+
+
+def test_a_verbatim_copy_is_drafted_and_accepted_by_every_ngram_policy():
+    rec = copy_recording()
+    plain = replay("plain", rec, CHEAP)
+    for policy in ("auto", *FIXED):
+        r = replay(policy, rec, CHEAP)
+        assert r.tokens == 300 and r.acceptance > 0.9, policy
+        assert r.ms < plain.ms / 2, policy
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="unknown policy"):
+        replay("magic", copy_recording(), CHEAP)
+
+
+# ---- the stored machine tables --------------------------------------------------------------------
+def test_the_three_machine_tables_load_with_their_measured_points():
+    assert [p.stem for p in TABLES] == ["amd-epyc-avx2", "amd-epyc-avx512", "intel-xeon-avx512"]
+    avx2, avx512, xeon = (load_cost_table(p) for p in TABLES)
+    assert avx2.t1_ms == 70.2 and avx2.v(8) == pytest.approx(6.4, abs=0.01) and avx2.v(64) == pytest.approx(30.5, abs=0.01)
+    assert avx2.t_ms(1, 600) == pytest.approx(108.7)  # 9.2 tok/s past 512 cells
+    assert avx512.t1_ms == pytest.approx(28.6) and avx512.v(64) == pytest.approx(23.5, abs=0.01)
+    assert xeon.v(64) == pytest.approx(12.2, abs=0.01) and xeon.t_ms(16) == 269.5
+    for p in TABLES:
+        data = json.loads(p.read_text())
+        assert data["sources"] and data["known_points"] and data["filled_points"]
+
+
+def test_passes_are_charged_linearly_between_measured_sizes_by_default():
+    from edgespec.replay import linear_between
+
+    cost = CostModel.from_ms({0: {1: 10.0, 16: 40.0, 32: 50.0}, 512: {1: 20.0, 16: 60.0, 32: 70.0}})
+    lin = linear_between(cost)
+    assert cost.t_ms(17) == 50.0 and lin.t_ms(17) == pytest.approx(40.0 + 10.0 / 16)
+    assert lin.t_ms(16, 512) == pytest.approx(60.0) and lin.t_ms(48) == pytest.approx(60.0)  # past 32: its slope
+    assert lin.t_ms(8, 256) == pytest.approx((10.0 + 30.0 * 7 / 15 + 20.0 + 40.0 * 7 / 15) / 2)
+    rec = copy_recording()
+    stair = replay("ngram-simple", rec, cost, charge=cost)
+    assert replay("ngram-simple", rec, cost).ms < stair.ms  # its 49-row batches: the 64-row tile under the staircase
+
+
+# ---- the controller against llama.cpp's fixed-length modes, per machine ------------------------------
+COPY_HEAVY = {"copy", "rename", "edit", "extract"}
+LITTLE_TO_COPY = {"free", "code", "rag", "summ"}
+_CACHE: dict = {}
+
+
+def outcomes(table: Path, rec_path: Path) -> dict:
+    key = (table, rec_path)
+    if key not in _CACHE:
+        cost, rec = load_cost_table(table), Recording.load(rec_path)
+        _CACHE[key] = {p: replay(p, rec, cost) for p in ("plain", "auto", *FIXED)}
+    return _CACHE[key]
+
+
+def recordings(categories) -> list[Path]:
+    return [p for p in RECORDINGS if json.loads(p.read_text())["category"] in categories]
+
+
+# Where the harness shows auto losing today (modelled ratios in README, *The replay harness*): kept
+# as strict expected failures, so a change that fixes one is seen (and one that breaks another too).
+KNOWN_LOSSES = {
+    # the answer writes its source's "[0, 1]" as "[0.0, 1.0]" inside a 63-token draft: a 64-row batch for 5 tokens,
+    # then the ramp 3, 15, 31, 63 again, where small batches are dear (v(2) = 1.97)
+    ("amd-epyc-avx512", "copy-hints-difflib"): "auto 0.87x the best fixed mode (ngram-simple)",
+    ("amd-epyc-avx512", "extract-emails"): "auto 0.98x the best fixed mode",
+    ("amd-epyc-avx512", "insert-calendar-checks"): "auto 0.997x the best fixed mode",
+    # weak states drafting 3 tokens into a 4-row batch (v(4) = 1.72 < v(3)) at a pooled record
+    # lifted by one lucky 12-token shadow round
+    ("intel-xeon-avx512", "code-debounce"): "auto 0.956x plain",
+    ("intel-xeon-avx512", "rag-objects-quote"): "auto 0.936x plain (27-token answer, 1 of 14 drafted accepted)",
+}
+
+
+def cases(categories) -> list:
+    out = []
+    for table in TABLES:
+        for rec in recordings(categories):
+            why = KNOWN_LOSSES.get((table.stem, rec.stem))
+            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+            out.append(pytest.param(table, rec, marks=marks, id=f"{rec.stem}-{table.stem}"))
+    return out
+
+
+@pytest.mark.parametrize(("table", "rec"), cases(COPY_HEAVY))
+def test_auto_beats_or_matches_every_fixed_length_ngram_mode_on_copy_heavy_answers(table, rec):
+    res = outcomes(table, rec)
+    best = min(res[p].ms for p in FIXED)
+    assert res["auto"].ms <= best, {p: round(res["plain"].ms / r.ms, 3) for p, r in res.items()}
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda p: p.stem)
+def test_auto_is_well_ahead_of_the_best_fixed_mode_on_copies_taken_together(table):
+    import math
+
+    ratios = []
+    for rec in recordings(COPY_HEAVY):
+        res = outcomes(table, rec)
+        ratios.append(min(res[p].ms for p in FIXED) / res["auto"].ms)
+    assert len(ratios) >= 10
+    assert math.exp(sum(map(math.log, ratios)) / len(ratios)) >= 1.15, ratios
+
+
+@pytest.mark.parametrize(("table", "rec"), cases(LITTLE_TO_COPY))
+def test_auto_is_never_much_slower_than_plain_where_little_is_copied(table, rec):
+    res = outcomes(table, rec)
+    assert res["plain"].ms / res["auto"].ms >= 0.98, {p: round(res["plain"].ms / r.ms, 3) for p, r in res.items()}
+
+
+def test_every_known_loss_names_a_stored_table_and_recording():
+    assert {t for t, _ in KNOWN_LOSSES} <= {p.stem for p in TABLES}
+    assert {r for _, r in KNOWN_LOSSES} <= {p.stem for p in RECORDINGS}
