@@ -1,6 +1,6 @@
 """llama.cpp's own command-line tools, built once from the pinned llama-cpp-python's vendored tree.
 
-The measuring scripts (scripts/compare_llamacpp, scripts/llama_bench_compare.py) compare edgespec
+The measuring scripts (scripts/compare_llamacpp, scripts/llama_bench_compare.py, scripts/load_bench) compare edgespec
 with the llama.cpp it is built on, so the tools come from the same source: the sdist of the
 llama-cpp-python version pinned in pyproject.toml. They are built with this CPU's flags
 (`python -m edgespec.hardware --cmake-args`, never -DGGML_NATIVE=ON: on AMX CPUs the native build
@@ -37,14 +37,15 @@ if str(ROOT) not in sys.path:
 # There is no plain-decoding tool here that takes -t and prints a decode speed (llama-simple has
 # no thread option; speculative-simple refuses --spec-type none), so plain runs use
 # speculative-simple with an n-gram key that can never match (see compare_llamacpp).
-TOOLS = ("llama-speculative-simple", "llama-bench", "llama-tokenize")
+# llama-server: the anchor for concurrent serving (scripts/load_bench --llama-server).
+TOOLS = ("llama-speculative-simple", "llama-bench", "llama-tokenize", "llama-server")
 
 # Not kernel settings: they keep the configure step off the network and skip what we do not build.
 _FIXED_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_APP=OFF",
 )
 
