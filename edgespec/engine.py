@@ -19,7 +19,8 @@ from .errors import ContextError, InputError
 from .generate import Chunk, Final, stream
 from .gguf import read_gguf
 from .sampling import SamplingConfig
-from .speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDecoder
+from .drafters import ModelDrafter, NgramDrafter
+from .speculative import SpecSettings, SpeculativeDecoder
 from .template import Message, render_segments
 
 # Starting acceptance guesses; the controller replaces them with measurements within a few rounds.

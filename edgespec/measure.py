@@ -349,7 +349,7 @@ def time_ngram(n_tokens: int = 2048, calls: int = 200) -> float:
     """Microseconds per n-gram proposal on a context of n_tokens (incremental, as in generation)."""
     import random
 
-    from .speculative import NgramDrafter
+    from .drafters import NgramDrafter
 
     rng = random.Random(0)
     ctx = [rng.randrange(1000) for _ in range(n_tokens)]

@@ -19,8 +19,8 @@ from .drafters import EMPTY, Draft, Model, ModelDrafter, NgramDrafter, common_pr
 from .errors import ContextError
 from .sampling import SamplingConfig, sample, warp
 
-__all__ = ["Draft", "EMPTY", "Model", "ModelDrafter", "NgramDrafter", "SpecSettings", "SpeculativeDecoder",
-           "TokenEvent", "sync_kv", "top2_margin", "verify_greedy", "verify_sampled"]
+__all__ = ["LoopStats", "RoundLog", "SpecSettings", "SpeculativeDecoder", "TokenEvent", "top2_margin",
+           "verify_greedy", "verify_sampled"]
 
 
 @dataclass(frozen=True)

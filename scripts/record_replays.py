@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from edgespec import models, session
-from edgespec.bench import load_prompts
+from edgespec.bench.prompts import load_prompts
 from edgespec.config import LoadConfig, SpecConfig
 from edgespec.generate import Final
 from edgespec.sampling import SamplingConfig

@@ -9,6 +9,8 @@ from click.testing import CliRunner
 
 from edgespec.commands import cli
 
+from .conftest import SMALL
+
 pytestmark = pytest.mark.real
 
 PROMPTS = [
@@ -58,27 +60,28 @@ def test_bench_default_pair_verify_json(tmp_path):
     assert copy["drafted"] > 0 and copy["accepted"] > 0
 
 
-def test_bench_fast_kernels_verify_reports_margins_and_repeats(tmp_path):
-    """Default (fast) kernels: divergences from plain decoding may happen, each judged by the plain
-    run's top-2 logit margin; the exit code follows that verdict. Every repeat is in --json."""
+def test_bench_fast_kernels_every_repeat_in_json_and_the_exit_code_is_the_verdict(tmp_path, model_path):
+    """Default (fast) kernels, on the smallest model: every repeat is in --json, and the exit code is
+    the verify verdict it reports. Whether these kernels make a run diverge from plain decoding is
+    this machine's arithmetic, not the test's to choose; how each divergence is judged (its margin,
+    near-tie or not, exit 1 only on a real one) is proven where divergences are forced, on a fake
+    (tests/unit/test_bench.py: test_verify_passes_a_divergence_at_a_near_tie and the tests after it)."""
     from edgespec.bench.results import NEAR_TIE_LOGIT
 
+    modes = ["off", "ngram"]
     f = tmp_path / "tiny.jsonl"
     f.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    args = ["bench", "--prompts", str(f), "--max-tokens", "24", "--modes", ",".join(MODES), "--verify", "--json",
-            "-q", "-t", "2", "--repeats", "2"]
+    args = ["bench", "-m", str(model_path(SMALL)), "--prompts", str(f), "--max-tokens", "24", "--modes", ",".join(modes),
+            "--verify", "--json", "-q", "-t", "2", "--repeats", "2"]
     r = CliRunner().invoke(cli, args)
-    assert r.exit_code in (0, 1), (r.stdout, r.stderr, r.exception)
     data = json.loads(r.stdout)
     verify = data["verify"]
     assert verify["checked"] and verify["exact"] is False and verify["near_tie_logit"] == NEAR_TIE_LOGIT
-    for d in verify["differences"]:
-        assert isinstance(d["margin"], float) and d["margin"] >= 0
-        assert d["near_tie"] == (d["margin"] < NEAR_TIE_LOGIT)
-    all_near_ties = all(d["near_tie"] for d in verify["differences"])
-    assert verify["ok"] is all_near_ties and r.exit_code == (0 if all_near_ties else 1)
-    assert data["config"]["repeats"] == 2 and data["config"]["kernels"] == "fast"
+    assert verify["ok"] is all(d["near_tie"] for d in verify["differences"])
+    assert r.exit_code == (0 if verify["ok"] else 1), (r.stderr, r.exception)
+    assert data["modes"] == modes and data["config"]["repeats"] == 2 and data["config"]["kernels"] == "fast"
     for p in data["prompts"]:
+        assert set(p["modes"]) == set(modes)
         for mode, row in p["modes"].items():
             assert [run["repeat"] for run in row["runs"]] == [0, 1]
             assert all(run["tokens_per_s"] > 0 for run in row["runs"])

@@ -20,7 +20,8 @@ from edgespec.controller import Controller
 from edgespec.costs import CostModel
 from edgespec.engine import Engine, EngineConfig
 from edgespec.sampling import SamplingConfig
-from edgespec.speculative import ModelDrafter, SpecSettings, SpeculativeDecoder
+from edgespec.drafters import ModelDrafter
+from edgespec.speculative import SpecSettings, SpeculativeDecoder
 
 from .conftest import DRAFT, TARGET
 

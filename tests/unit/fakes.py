@@ -31,15 +31,25 @@ class FakeModel:
         self.eos = eos
         self.tokens: list[int] = []
         self.decode_calls: list[int] = []  # batch sizes, to check one batch per verify
+        # One logits buffer for every decode, as llama.cpp has: the rows a decode returns are a view
+        # into it, valid only until the next decode. Code that keeps a row across decodes reads the
+        # next decode's logits (or NaN, past the rows it wrote) and fails here as it would for real.
+        self._logits = np.full((1, vocab), np.nan, dtype=np.float32)
 
     def decode(self, tokens, logits_for=()):
         tokens = list(tokens)
+        logits_for = list(logits_for)
         assert len(self.tokens) + len(tokens) <= self.n_ctx, "fake context overflow"
         start = len(self.tokens)
         self.tokens.extend(tokens)
         self.decode_calls.append(len(tokens))
-        rows = [self.lm(self.tokens[: start + i + 1]) for i in logits_for]
-        return np.array(rows, dtype=np.float32).reshape(len(rows), self.n_vocab)
+        buf = self._logits
+        buf.fill(np.nan)  # a row kept from the last decode now reads NaN (or this decode's logits)
+        if len(logits_for) > len(buf):
+            buf = self._logits = np.full((len(logits_for), self.n_vocab), np.nan, dtype=np.float32)
+        for row, i in enumerate(logits_for):
+            buf[row] = self.lm(self.tokens[: start + i + 1])
+        return buf[: len(logits_for)]
 
     def trim(self, n):
         del self.tokens[n:]

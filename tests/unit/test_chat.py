@@ -1,8 +1,9 @@
-"""ChatSession and the REPL loop over a fake engine (one token per character, a simulated KV cache)."""
+"""ChatSession and the REPL loop over a fake engine (a small BPE tokenizer, a simulated KV cache)."""
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
@@ -16,34 +17,77 @@ from edgespec.speculative import LoopStats, TokenEvent
 ROLE_TOKENS = {"system": 1001, "user": 1002, "assistant": 1003}
 END = 1000
 
+# BPE merges in rank order (a single character's token is its code point; a merge's is 2000 + rank).
+# A model may write a word piece by piece that the tokenizer would have merged ("he" "l" "l" "o"
+# where "hell" "o" tokenizes it): re-tokenised, such an answer no longer matches what the KV cache
+# holds, and only the prefix up to there can be reused, as with a real BPE vocabulary.
+MERGES = [("h", "e"), ("l", "l"), ("he", "ll"), ("a", "n"), ("e", "r"), (" ", "w")]
+PIECE_IDS = {a + b: 2000 + rank for rank, (a, b) in enumerate(MERGES)}
+PIECES = {i: piece for piece, i in PIECE_IDS.items()}
+
+
+def bpe(text: str) -> list[int]:
+    """Byte-pair encoding: merge the best-ranked adjacent pair everywhere, until none is left."""
+    ranks = {pair: rank for rank, pair in enumerate(MERGES)}
+    parts = list(text)
+    while True:
+        found = [ranks[pair] for pair in zip(parts, parts[1:]) if pair in ranks]
+        if not found:
+            return [PIECE_IDS[p] if len(p) > 1 else ord(p) for p in parts]
+        pair = MERGES[min(found)]
+        merged, i = [], 0
+        while i < len(parts):
+            if tuple(parts[i : i + 2]) == pair:
+                merged.append(parts[i] + parts[i + 1])
+                i += 2
+            else:
+                merged.append(parts[i])
+                i += 1
+        parts = merged
+
+
+def piece(token: int) -> str:
+    return PIECES.get(token) or chr(token)
+
 
 class FakeEngine:
-    """chat_tokens/stream like Engine's: the answer text's tokens equal the characters' code points,
-    so a history that grows turn by turn keeps the cache prefix exactly, as with the real models."""
+    """chat_tokens/stream like Engine's. The prompt is the history tokenised with `bpe`; the answer
+    is written one character per token (`canonical`: in bpe's tokens), so the next turn's prompt
+    re-tokenises it and may differ from the cache from there on, as with a real model.
 
-    def __init__(self, reply: str = "hello world", n_ctx: int = 10_000):
+    `on_token(i)` runs inside the "decode" of the i-th answer token: a KeyboardInterrupt raised there
+    (a second Ctrl-C) leaves the caches not matching their token lists, as llama.cpp's may, and the
+    next turn fails unless `reset()` was called in between."""
+
+    def __init__(self, reply: str = "hello world", n_ctx: int = 10_000, *, canonical: bool = False, on_token=None):
         self.reply = reply
+        self.reply_tokens = bpe(reply) if canonical else [ord(c) for c in reply]
         self.n_ctx = n_ctx
+        self.on_token = on_token or (lambda i: None)
         self.cache: list[int] = []  # what the "KV cache" holds after each generation settles
         self.prompts: list[list[int]] = []
         self.closed = 0
+        self.resets = 0
+        self.dirty = False  # a decode was interrupted part-way: the caches cannot be trusted
 
     def reset(self, *, forget_learning=False):
-        self.resets = getattr(self, "resets", 0) + 1
+        self.resets += 1
         self.cache = []
+        self.dirty = False
 
     def chat_tokens(self, messages):
         tokens = []
         for m in messages:
-            tokens += [ROLE_TOKENS[m.role], *map(ord, m.content), END]
+            tokens += [ROLE_TOKENS[m.role], *bpe(m.content), END]
         return tokens + [ROLE_TOKENS["assistant"]]
 
     def stream(self, prompt, sampling, *, max_tokens, stop=()):
+        assert not self.dirty, "a turn over caches that an interrupted decode left unknown (no reset)"
         if len(prompt) >= self.n_ctx:
             raise ContextError(f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx}")
         self.prompts.append(list(prompt))
         self.loop = LoopStats(start=time.perf_counter())
-        return stream(self._events(list(prompt), max_tokens), lambda t: chr(t).encode(), lambda: self.loop, mode="off", stop=stop)
+        return stream(self._events(list(prompt), max_tokens), lambda t: piece(t).encode(), lambda: self.loop, mode="off", stop=stop)
 
     def _events(self, ctx, max_tokens):
         common = 0
@@ -51,15 +95,26 @@ class FakeEngine:
             common += 1
         self.loop.prompt_tokens, self.loop.prompt_cached = len(ctx), common
         try:
-            for i, ch in enumerate(self.reply[:max_tokens]):
-                ctx.append(ord(ch))
+            for i, tok in enumerate(self.reply_tokens[:max_tokens]):
+                try:
+                    self.on_token(i)
+                except KeyboardInterrupt:
+                    self.dirty = True
+                    raise
+                ctx.append(tok)
                 self.loop.token_times.append(time.perf_counter())
                 self.loop.sources.append("target")
-                yield TokenEvent(ord(ch), "target", i)
-            self.loop.finish_reason = "stop" if len(self.reply) <= max_tokens else "length"
+                yield TokenEvent(tok, "target", i)
+            self.loop.finish_reason = "stop" if len(self.reply_tokens) <= max_tokens else "length"
         finally:
             self.cache = ctx  # settled: the prompt plus what was emitted
             self.closed += 1
+
+
+def test_fake_tokenizer_merges_like_bpe():
+    assert bpe("hello") == [PIECE_IDS["hell"], ord("o")]
+    assert "".join(piece(t) for t in bpe("hello world, answer")) == "hello world, answer"
+    assert bpe("ok") == [ord("o"), ord("k")]
 
 
 def drain(items):
@@ -80,15 +135,29 @@ def test_turn_streams_and_records_history():
     assert s.last_stats.tokens == 8 and s.totals.answers == 1
 
 
-def test_second_turn_reuses_the_whole_first_turn():
-    eng = FakeEngine("answer one")
+@pytest.mark.parametrize("reply, canonical", [("ok, do it", False), ("hello world", True)])
+def test_second_turn_reuses_the_whole_first_turn_when_it_retokenises_the_same(reply, canonical):
+    eng = FakeEngine(reply, canonical=canonical)
     s = ChatSession(eng)
     first = final_of(drain(s.send("question one")))
     second = final_of(drain(s.send("question two")))
     assert first.stats.prompt_cached == 0
     # everything up to the end of the first answer was cached; only the new turn was evaluated
-    assert second.stats.prompt_cached == len(eng.prompts[0]) + len("answer one")
+    assert second.stats.prompt_cached == len(eng.prompts[0]) + len(bpe(reply))
     assert s.totals.prompt_cached == second.stats.prompt_cached and s.totals.answers == 2
+
+
+def test_second_turn_rereads_an_answer_that_retokenises_differently():
+    eng = FakeEngine("hello answer")  # written letter by letter; the prompt merges "hell", "an", "er"
+    s = ChatSession(eng)
+    drain(s.send("question one"))
+    answer_cached = eng.cache[len(eng.prompts[0]) :]
+    second = final_of(drain(s.send("question two")))
+    assert answer_cached == [ord(c) for c in "hello answer"]
+    assert eng.prompts[1][len(eng.prompts[0]) :][:2] == [PIECE_IDS["hell"], ord("o")]
+    # the cache is reused up to the first token that differs (here the answer's first), not beyond
+    assert second.stats.prompt_cached == len(eng.prompts[0])
+    assert s.history[-1] == ChatMessage("assistant", "hello answer")
 
 
 def test_stop_requested_interrupts_and_keeps_partial_answer():
@@ -355,6 +424,31 @@ def test_drop_cache_resets_both_models():
     eng.cache = [1, 2, 3]
     ChatSession(eng, n_ctx=100).drop_cache()
     assert eng.resets == 1 and eng.cache == []
+
+
+def test_second_ctrl_c_inside_a_decode_resets_the_engine_and_the_next_turn_rereads_the_history():
+    fired = []
+
+    def hard_interrupt(i):
+        if i == 3 and not fired:  # the first Ctrl-C raises the flag, the second lands inside this decode
+            fired.append(i)
+            signal.raise_signal(signal.SIGINT)  # (the handler runs before raise_signal returns)
+            signal.raise_signal(signal.SIGINT)
+
+    eng = FakeEngine("ok then", on_token=hard_interrupt)
+    s = ChatSession(eng)
+    view = RecordingView()
+    read, _ = scripted(["first", "second", "/exit"])
+    before = signal.getsignal(signal.SIGINT)
+    assert run_repl(s, view, read) == 0
+    assert signal.getsignal(signal.SIGINT) is before
+    assert eng.resets == 1 and not eng.dirty
+    notices = [e[1] for e in view.events if e[0] == "notice"]
+    assert any(n.startswith("stopped at once: the model caches were cleared") for n in notices)
+    # the partial answer stays in the history; the next turn reads all of it again (nothing cached)
+    assert s.history[1] == ChatMessage("assistant", "ok ", interrupted=True)
+    assert eng.prompts[1][: len(eng.prompts[0])] == eng.prompts[0]
+    assert [f.stats.prompt_cached for f in (e[1] for e in view.events if e[0] == "answer_end") if f] == [0, 0]
 
 
 def test_closing_at_the_trim_notice_leaves_no_dangling_question():

@@ -25,7 +25,8 @@ from edgespec.models import HFSource, ModelEntry, PackSource, Registry
 from edgespec.models import references
 from edgespec.models.sources import hf as hf_source, pack as pack_source
 from edgespec.models.store import SourceFailed
-from edgespec.speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDecoder
+from edgespec.drafters import ModelDrafter, NgramDrafter
+from edgespec.speculative import SpecSettings, SpeculativeDecoder
 
 from .fakes import FakeModel
 

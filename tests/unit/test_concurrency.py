@@ -161,19 +161,30 @@ def test_a_run_after_a_killed_pull_fetches_again(tmp_path, home):
 
 
 SAVER = r"""
-import os, sys
+import os, sys, time
+from pathlib import Path
 from edgespec import profile_store
 from edgespec.hardware import GiB, HardwareInfo
 hw = HardwareInfo(os="Linux", cpu_model="Test CPU", physical_cores=2, logical_cores=2, cpu_features=(),
                   ram_total=8 * GiB, ram_available=4 * GiB, swap_total=0, gpus=(),
                   gpu_offload_supported=False, rpc_supported=False, llama_cpp_version="0.3.36")
-me = os.environ["T_NAME"]
-for i in range(int(sys.argv[1])):
+tmp = Path(os.environ["T_DIR"]); me = os.environ["T_NAME"]
+n = int(sys.argv[1])
+for i in range(n):
     profile_store.save_profile({"writer": me, "i": i, "pad": "x" * 20000}, hw=hw, target_sha_or_name="t", draft="d")
+    if i == n // 2:  # half-way: pause until the test lets this writer go on
+        (tmp / f"{me}.mid").touch()
+        deadline = time.time() + 60
+        while not (tmp / f"{me}.go").exists():
+            if time.time() > deadline:
+                sys.exit("never released")
+            time.sleep(0.02)
 """
 
 
 def test_two_processes_saving_one_profile_never_leave_half_a_file(tmp_path, home):
+    """Both writers save concurrently up to half-way, then the rest one after the other, while the
+    test reads the profile all along: every read is one whole record, and each writer's is read."""
     from edgespec import profile_store
     from edgespec.hardware import GiB, HardwareInfo
 
@@ -181,20 +192,39 @@ def test_two_processes_saving_one_profile_never_leave_half_a_file(tmp_path, home
                       ram_total=8 * GiB, ram_available=4 * GiB, swap_total=0, gpus=(),
                       gpu_offload_supported=False, rpc_supported=False, llama_cpp_version="0.3.36")
     n = 150
-    writers = [start(tmp_path, home, name, SAVER.replace("sys.argv[1]", str(n))) for name in ("a", "b")]
-    seen, reads = set(), 0
-    while any(w.poll() is None for w in writers) or reads == 0:
+    writers = {name: start(tmp_path, home, name, SAVER.replace("sys.argv[1]", str(n))) for name in ("a", "b")}
+    seen = []  # the writer of each record read, in order
+
+    def read() -> None:
         record = profile_store.load_profile(hw, "t", "d")
         if record is not None:  # None only before the first save lands
             data = record["data"]
-            assert data["writer"] in ("a", "b") and len(data["pad"]) == 20000
-            seen.add(data["writer"])
-        reads += 1
-    for w in writers:
-        code, _, err = finish(w)
+            assert data["writer"] in ("a", "b") and len(data["pad"]) == 20000 and 0 <= data["i"] < n
+            seen.append(data["writer"])
+
+    def read_until(done) -> None:
+        deadline = time.monotonic() + WAIT
+        while not done():
+            read()
+            for name, w in writers.items():
+                if w.poll() is not None and not (tmp_path / f"{name}.go").exists():
+                    pytest.fail(f"writer {name} ended before it was let go on: {w.communicate()[1][-2000:]}")
+            assert time.monotonic() < deadline, f"the writers did not get there within {WAIT} s"
+
+    read_until(lambda: all((tmp_path / f"{name}.mid").exists() for name in writers))
+    read()  # both paused: the profile holds the last save of one of them
+    first = seen[-1]
+    order = [("b" if first == "a" else "a"), first]  # the other goes on first, so both are read
+    for name in order:
+        (tmp_path / f"{name}.go").touch()
+        read_until(lambda w=writers[name]: w.poll() is not None)
+        read()  # it has finished: its last record is what the profile holds
+        assert seen[-1] == name
+        code, _, err = finish(writers[name])
         assert code == 0, err
+    assert set(seen) == {"a", "b"}
     final = profile_store.load_profile(hw, "t", "d")["data"]
-    assert final["i"] == n - 1 and final["writer"] in ("a", "b")
+    assert final == {"writer": order[-1], "i": n - 1, "pad": "x" * 20000}
     files = sorted(p.name for p in (home / "profiles").iterdir())
     assert len(files) == 1 and files[0].endswith(".json")  # no temp files left behind
     assert json.loads((home / "profiles" / files[0]).read_text())["data"] == final

@@ -10,7 +10,8 @@ from edgespec.controller import Controller
 from edgespec.costs import CostModel
 from edgespec.generate import Chunk, Final, complete, stream
 from edgespec.sampling import SamplingConfig
-from edgespec.speculative import LoopStats, ModelDrafter, SpecSettings, SpeculativeDecoder, TokenEvent
+from edgespec.drafters import ModelDrafter
+from edgespec.speculative import LoopStats, SpecSettings, SpeculativeDecoder, TokenEvent
 
 from .fakes import EOS, FakeModel, plain_greedy, table_lm
 

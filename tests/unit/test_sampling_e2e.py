@@ -21,7 +21,8 @@ import pytest
 from edgespec.controller import Controller
 from edgespec.costs import CostModel
 from edgespec.sampling import SamplingConfig, warp
-from edgespec.speculative import ModelDrafter, NgramDrafter, SpecSettings, SpeculativeDecoder
+from edgespec.drafters import ModelDrafter, NgramDrafter
+from edgespec.speculative import SpecSettings, SpeculativeDecoder
 
 from .fakes import FakeModel, table_lm
 

@@ -11,7 +11,8 @@ from edgespec.controller import Controller, CostModel
 from edgespec.errors import IncompatibleModelsError
 from edgespec.gguf import VocabInfo
 from edgespec.sampling import SamplingConfig
-from edgespec.speculative import ModelDrafter, SpecSettings, SpeculativeDecoder
+from edgespec.drafters import ModelDrafter
+from edgespec.speculative import SpecSettings, SpeculativeDecoder
 
 from .fakes import FakeModel, plain_greedy, table_lm
 
