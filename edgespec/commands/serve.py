@@ -115,8 +115,6 @@ def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max
     from ..server.schemas import PromptLimits
 
     spec, sampling = spec_config(kw), sampling_config(kw)
-    if kw["max_tokens"] < 1:
-        raise ConfigError(f"--max-tokens must be >= 1 (got {kw['max_tokens']})")
     if kw["max_tokens"] > max_tokens_cap:
         raise ConfigError(f"--max-tokens {kw['max_tokens']} is above --max-tokens-cap {max_tokens_cap}")
     if api_key is not None and not api_key.strip():
@@ -145,12 +143,10 @@ def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max
                 model_id=alias or served_name(resolved.choice.target, resolved.target_path),
                 sampling=sampling, max_tokens=kw["max_tokens"], max_tokens_cap=max_tokens_cap,
                 max_request_bytes=max_request_bytes, stop=tuple(kw["stop"]), api_key=api_key,
-                priority=default_priority, bind_host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins, prompt_limits=limits,
+                priority=default_priority, bind_host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
+                prompt_limits=limits,
             )
-            shown = f"[{host}]" if ":" in host else host
-            draft = f" + {resolved.draft_path.stem}" if engine.draft is not None else ""
-            err.print(f"edgespec serve: [bold]http://{shown}:{port}/v1[/]  model {settings.model_id}{draft}, "
-                      f"spec {spec.mode}, {engine.n_seq} parallel{', API key required' if api_key else ''}  (Ctrl-C stops)")
+            err.print(_banner(host, port, settings, resolved, engine, spec))
             run_server(create_app(worker, settings), sock, worker.shutdown, signals)
         finally:
             worker.shutdown()
@@ -158,6 +154,13 @@ def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max
                 _leave(err, "server stopped (a generation was still running)")
             engine.close()
         _leave(err, "server stopped")
+
+
+def _banner(host, port, settings, resolved, engine, spec) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    draft = f" + {resolved.draft_path.stem}" if engine.draft is not None else ""
+    return (f"edgespec serve: [bold]http://{shown}:{port}/v1[/]  model {settings.model_id}{draft}, spec {spec.mode}, "
+            f"{engine.n_seq} parallel{', API key required' if settings.api_key else ''}  (Ctrl-C stops)")
 
 
 STOP_WAIT_S = 10.0  # how long a stopped server waits for the generation thread to leave llama.cpp

@@ -95,17 +95,24 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
-def create_app(worker: Scheduler, settings: Settings) -> Starlette:
-    def check_auth(request: Request) -> None:
-        if settings.api_key is None:
+class API:
+    """The request handlers, over one scheduler and the server's settings."""
+
+    def __init__(self, worker: Scheduler, settings: Settings):
+        self.worker, self.settings = worker, settings
+        self.started = int(time.time())
+
+    def check_auth(self, request: Request) -> None:
+        key = self.settings.api_key
+        if key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
             raise APIError(401, "invalid or missing API key: send the header Authorization: Bearer <key>",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
-    async def read_body(request: Request) -> bytes:
-        limit = settings.max_request_bytes
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_request_bytes
         too_large = APIError(413, f"the request body is larger than this server's limit of {limit} bytes "
                                   "(edgespec serve --max-request-bytes)", code="request_too_large")
         declared = request.headers.get("content-length", "")
@@ -121,7 +128,8 @@ def create_app(worker: Scheduler, settings: Settings) -> Starlette:
             raise APIError(499, "the client closed the request", code="cancelled") from None  # nobody reads it
         return bytes(body)
 
-    def make_job(req, prepare) -> Job:
+    def make_job(self, req, prepare) -> Job:
+        settings = self.settings
         max_tokens = req.requested_max_tokens()
         if max_tokens is None:
             max_tokens = min(settings.max_tokens, settings.max_tokens_cap)
@@ -139,12 +147,13 @@ def create_app(worker: Scheduler, settings: Settings) -> Starlette:
         priority = settings.priority if req.priority is None else req.priority
         return Job(prepare, sampling, max_tokens, tuple(settings.stop if stops is None else stops), priority)
 
-    async def respond(request: Request, job: Job, stream: bool, shape: Shape, include_usage: bool):
+    async def respond(self, request: Request, job: Job, stream: bool, shape: Shape, include_usage: bool):
         try:
-            worker.submit(job)
+            self.worker.submit(job)
         except QueueFull:
-            raise APIError(503, f"the server is busy: {worker.max_queue} requests are already waiting; retry shortly",
-                           type="server_error", code="queue_full", headers={"Retry-After": str(settings.retry_after_s)})
+            raise APIError(503, f"the server is busy: {self.worker.max_queue} requests are already waiting; "
+                                "retry shortly", type="server_error", code="queue_full",
+                           headers={"Retry-After": str(self.settings.retry_after_s)})
         except Stopping:
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
         watcher = asyncio.create_task(_watch_disconnect(request, job))
@@ -167,69 +176,77 @@ def create_app(worker: Scheduler, settings: Settings) -> Starlette:
             if not handed_over:
                 job.cancel()
 
-    async def chat_completions(request: Request):
-        check_auth(request)
-        req = parse(ChatRequest, await read_body(request), settings.prompt_limits)
+    # ---- routes ------------------------------------------------------------------------------
+    async def chat_completions(self, request: Request):
+        self.check_auth(request)
+        req = parse(ChatRequest, await self.read_body(request), self.settings.prompt_limits)
         try:
             messages = [Message(ROLE_ALIASES.get(m.role, m.role), m.text()) for m in req.messages]
         except EdgespecError as err:
             raise APIError(400, f"messages: {err.message}", param="messages") from None
-        job = make_job(req, lambda engine: engine.chat_tokens(messages))
-        return await respond(request, job, req.stream, Shape("chat", settings.model_id), req.include_usage())
+        job = self.make_job(req, lambda engine: engine.chat_tokens(messages))
+        return await self.respond(request, job, req.stream, Shape("chat", self.settings.model_id), req.include_usage())
 
-    async def completions(request: Request):
-        check_auth(request)
-        req = parse(CompletionRequest, await read_body(request), settings.prompt_limits)
+    async def completions(self, request: Request):
+        self.check_auth(request)
+        req = parse(CompletionRequest, await self.read_body(request), self.settings.prompt_limits)
         text = req.prompt_text()
         if not text:
             raise APIError(400, "prompt: empty prompt", param="prompt")
-        job = make_job(req, lambda engine: engine.raw_tokens(text))
-        return await respond(request, job, req.stream, Shape("text", settings.model_id), req.include_usage())
+        job = self.make_job(req, lambda engine: engine.raw_tokens(text))
+        return await self.respond(request, job, req.stream, Shape("text", self.settings.model_id), req.include_usage())
 
-    started = int(time.time())
-
-    async def models(request: Request):
-        check_auth(request)
+    async def models(self, request: Request):
+        self.check_auth(request)
         return JSONResponse({"object": "list", "data": [
-            {"id": settings.model_id, "object": "model", "created": started, "owned_by": "edgespec"},
+            {"id": self.settings.model_id, "object": "model", "created": self.started, "owned_by": "edgespec"},
         ]})
 
-    async def health(request: Request):
-        if worker.stopping:
+    async def health(self, request: Request):
+        w = self.worker
+        if w.stopping:
             return JSONResponse({"status": "stopping"}, status_code=503)
-        return JSONResponse({"status": "ok", "generating": worker.busy > 0, "waiting": worker.waiting,
-                             "busy_slots": worker.busy, "slots": worker.n_slots, "served": dict(worker.counts)})
+        return JSONResponse({"status": "ok", "generating": w.busy > 0, "waiting": w.waiting,
+                             "busy_slots": w.busy, "slots": w.n_slots, "served": dict(w.counts)})
 
-    async def metrics(request: Request):
-        check_auth(request)
-        return Response(worker.metrics.render(), media_type=worker.metrics.content_type)
+    async def metrics(self, request: Request):
+        self.check_auth(request)
+        return Response(self.worker.metrics.render(), media_type=self.worker.metrics.content_type)
 
-    async def on_api_error(request: Request, err: APIError):
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    def routes(self) -> list[Route]:
+        routes = [Route("/health", self.health, methods=["GET"]), Route("/metrics", self.metrics, methods=["GET"])]
+        for prefix in ("/v1", ""):  # some clients are configured with the base URL without /v1
+            routes += [
+                Route(f"{prefix}/models", self.models, methods=["GET"]),
+                Route(f"{prefix}/chat/completions", self.chat_completions, methods=["POST"]),
+                Route(f"{prefix}/completions", self.completions, methods=["POST"]),
+            ]
+        return routes
 
-    async def on_http_error(request: Request, err: HTTPException):
-        return JSONResponse(error_body(f"{request.method} {request.url.path}: {err.detail}"),
-                            status_code=err.status_code, headers=err.headers)
 
-    async def on_internal_error(request: Request, err: Exception):
-        body = error_body(f"internal error: {type(err).__name__}: {err}", type="server_error")
-        return JSONResponse(body, status_code=500)
+async def _on_api_error(request: Request, err: APIError):
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
-    routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]
-    for prefix in ("/v1", ""):  # some clients are configured with the base URL without /v1
-        routes += [
-            Route(f"{prefix}/models", models, methods=["GET"]),
-            Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
-            Route(f"{prefix}/completions", completions, methods=["POST"]),
-        ]
+
+async def _on_http_error(request: Request, err: HTTPException):
+    return JSONResponse(error_body(f"{request.method} {request.url.path}: {err.detail}"),
+                        status_code=err.status_code, headers=err.headers)
+
+
+async def _on_internal_error(request: Request, err: Exception):
+    body = error_body(f"internal error: {type(err).__name__}: {err}", type="server_error")
+    return JSONResponse(body, status_code=500)
+
+
+def create_app(worker: Scheduler, settings: Settings) -> Starlette:
     middleware = [Middleware(Guard, bind_host=settings.bind_host, allowed_hosts=settings.allowed_hosts,
                              cors_origins=settings.cors_origins)]
     if settings.cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                                      allow_methods=["GET", "POST"], allow_headers=["*"],
                                      expose_headers=["Retry-After"], max_age=600))
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers={
-        APIError: on_api_error, HTTPException: on_http_error, Exception: on_internal_error,
+    app = Starlette(routes=API(worker, settings).routes(), middleware=middleware, exception_handlers={
+        APIError: _on_api_error, HTTPException: _on_http_error, Exception: _on_internal_error,
     })
     # A trailing-slash redirect would copy the request's Host header into its Location: a 404 instead.
     app.router.redirect_slashes = False

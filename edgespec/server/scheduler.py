@@ -103,6 +103,11 @@ def failure(err: EdgespecError) -> Failed:
     return Failed(400, err.message)
 
 
+def internal(err: Exception) -> Failed:
+    """An error no request caused: the request fails, the server goes on."""
+    return Failed(500, f"internal error: {type(err).__name__}: {err}", type="server_error")
+
+
 @dataclass
 class _Active:
     job: Job
@@ -219,7 +224,7 @@ class Scheduler:
                 self._end(job, failure(err), "failed")
                 continue
             except Exception as err:
-                self._end(job, Failed(500, f"internal error: {type(err).__name__}: {err}", type="server_error"), "failed")
+                self._end(job, internal(err), "failed")
                 continue
             self._free.remove(slot)
             self._active.append(_Active(job, slot, decoder, TextStream(self.engine.target.token_bytes, job.stop)))
@@ -295,25 +300,22 @@ class Scheduler:
         self.metrics.finished(outcome)
         job.emit(failed)
 
-    def _fail_all(self, err: Exception) -> None:
-        failed = failure(err) if isinstance(err, EdgespecError) else Failed(
-            500, f"internal error: {type(err).__name__}: {err}", type="server_error")
+    def _end_active(self, failed: Failed) -> None:
+        """End every generation in a slot with `failed` (the batch broke, or the server stops)."""
         for a in list(self._active):
             try:
                 self._release(a)
             except Exception:
-                pass
+                pass  # a cache that cannot be settled is reset below or freed with the engine
             self._end(a.job, failed, "failed")
+
+    def _fail_all(self, err: Exception) -> None:
+        self._end_active(failure(err) if isinstance(err, EdgespecError) else internal(err))
         if not isinstance(err, EdgespecError):
             self.engine.reset()  # after an unexpected failure the caches may not match their token lists
 
     def _stop_all(self) -> None:
-        for a in list(self._active):
-            try:
-                self._release(a)
-            except Exception:
-                pass
-            self._end(a.job, SHUTTING_DOWN, "failed")
+        self._end_active(SHUTTING_DOWN)
         with self._lock:  # submit() checks for stopping and queues under this lock: nothing slips in after
             queued, self._queue = self._queue, []
         for job in queued:
