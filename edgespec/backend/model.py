@@ -232,6 +232,17 @@ class KVSeq:
         m._lc.llama_memory_seq_rm(m._mem, self.seq_id, -1, -1)
         self.tokens = []
 
+    def copy_prefix(self, src: "KVSeq", n: int) -> None:
+        """Hold src's first n tokens (their KV copied, not recomputed): a prompt another sequence
+        already read. Each sequence has its own KV stream, and llama.cpp copies a whole stream
+        (at the next decode), so the copy is trimmed to the prefix after."""
+        m = self.model
+        if src.model is not m or src is self or not 0 < n <= src.n_past:
+            raise BackendError("a KV prefix copies only from another sequence of the same model")
+        m._lc.llama_memory_seq_cp(m._mem, src.seq_id, self.seq_id, -1, -1)
+        self.tokens = list(src.tokens)
+        self.trim(n)
+
     def _resync(self, known: list[int]) -> None:
         m = self.model
         held = int(m._lc.llama_memory_seq_pos_max(m._mem, self.seq_id)) + 1

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..drafters import common_prefix_len
 from ..errors import BackendError, ContextError, EdgespecError
 from ..generate import Chunk, Final, TextStream
 from ..sampling import SamplingConfig
@@ -54,6 +55,12 @@ AGING_S = 10.0
 # How often an idle engine thread looks for work. Signal handlers cannot safely take a lock or
 # wake a condition, so the thread polls; this bounds the latency a new request waits when idle.
 IDLE_POLL_S = 0.02
+
+
+# A prefix another slot holds is copied into a new request's slot when it is this much longer than
+# what that slot holds itself: copying a KV stream is one memory copy, reading a prompt chunk is a
+# batch of target passes, but a few tokens are not worth a whole stream's copy.
+MIN_SHARED_PREFIX = 16
 
 
 class QueueFull(Exception):
@@ -218,6 +225,7 @@ class Scheduler:
             try:
                 tokens = list(job.prepare(self.engine))
                 slot = self._best_slot(tokens)
+                self._share_prefix(slot, tokens)
                 decoder = self.engine.decoder(job.sampling, seq=slot)
                 decoder.start(tokens, job.max_tokens)
             except EdgespecError as err:
@@ -235,17 +243,20 @@ class Scheduler:
     def _best_slot(self, tokens: Sequence[int]) -> int:
         """The free slot whose cache shares the longest prefix with this prompt (then the emptiest)."""
         target = self.engine.target
+        return max(self._free, key=lambda s: (common_prefix_len(target.seq(s).tokens, tokens),
+                                              -len(target.seq(s).tokens)))
 
-        def shared(slot: int) -> tuple[int, int]:
-            held = target.seq(slot).tokens
-            n = 0
-            for a, b in zip(held, tokens):
-                if a != b:
-                    break
-                n += 1
-            return n, -len(held)
-
-        return max(self._free, key=shared)
+    def _share_prefix(self, slot: int, tokens: Sequence[int]) -> None:
+        """When another slot (free or busy) holds a longer prefix of this prompt than the chosen one,
+        copy that prefix's KV instead of reading it again (the same system prompt, document or file
+        sent by several clients)."""
+        target = self.engine.target
+        own = common_prefix_len(target.seq(slot).tokens, tokens[:-1])
+        donors = [(common_prefix_len(target.seq(s).tokens, tokens[:-1]), s) for s in range(self.n_slots) if s != slot]
+        n, donor = max(donors, default=(0, slot))
+        if n >= own + MIN_SHARED_PREFIX:
+            target.seq(slot).copy_prefix(target.seq(donor), n)
+            self.metrics.shared_prefix_tokens.inc(n - own)
 
     def _step(self) -> None:
         active = self._active

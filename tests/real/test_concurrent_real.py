@@ -190,3 +190,23 @@ def test_default_kernels_drift_between_batched_and_alone_only_at_near_ties(model
         print("identical to alone:", [a[0] == o for a, o in zip(alone, out)])
     finally:
         engine.close()
+
+
+def test_a_prefix_copied_from_another_sequence_decodes_as_if_read(model_path):
+    """KV copied between sequences' streams (what a server does for a prompt another slot holds)
+    gives, with exact kernels, the very tokens of reading that prefix itself."""
+    params = LoadParams(n_ctx=512, n_threads=2, exact=True, n_seq=2)
+    engine = Engine(EngineConfig(model_path(SMALL), params, spec=SpecConfig(mode="off"), exact=True, n_seq=2))
+    try:
+        greedy = SamplingConfig(temperature=0.0)
+        doc = engine.raw_tokens("Here is a short list of fruits: apple, banana, cherry, date, elderberry, fig.\n")
+        prompt = doc + engine.raw_tokens("The third fruit is")
+        reading = engine.decoder(greedy, seq=0)
+        read = [e.token for e in reading.generate(prompt, 16)]
+        engine.target.seq(1).copy_prefix(engine.target.seq(0), len(doc))
+        copied = engine.decoder(greedy, seq=1)
+        out = [e.token for e in copied.generate(prompt, 16)]
+        assert copied.stats.prompt_cached == len(doc)
+        assert out == read
+    finally:
+        engine.close()

@@ -64,6 +64,11 @@ class FakeSeq:
     def reset(self) -> None:
         self.tokens = []
 
+    def copy_prefix(self, src: "FakeSeq", n: int) -> None:
+        assert src.model is self.model and src is not self and 0 < n <= len(src.tokens)
+        self.model.copies.append((src.seq_id, self.seq_id, n))
+        self.tokens = list(src.tokens[:n])
+
 
 class FakeLlama:
     bos, eos, add_bos = BOS, EOS, False
@@ -80,6 +85,7 @@ class FakeLlama:
         self.gate.set()
         self.held = threading.Event()  # set while a decode waits at the gate
         self.threads: set[str] = set()
+        self.copies: list[tuple[int, int, int]] = []  # (from seq, to seq, tokens) of each prefix copy
 
     n_seq = property(lambda self: len(self._seqs))
     tokens = property(lambda self: self._seqs[0].tokens)

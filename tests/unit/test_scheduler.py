@@ -205,3 +205,29 @@ def test_metrics_parse_and_match_the_responses_stats():
         ttft = [x for x in families["edgespec_time_to_first_token_seconds"].samples if x.name.endswith("_count")]
         assert ttft[0].value == 2
     run(main())
+
+
+def test_the_shared_prefix_is_copied_from_a_busy_slot():
+    async def main():
+        engine = FakeEngine(n_seq=2)
+        s = Scheduler(engine, max_queue=8)
+        doc = "the same document, read once " * 4
+        try:
+            a = job(doc + "question A", max_tokens=40)
+            s.submit(a)
+            assert isinstance(await a.next(), Started)
+            assert isinstance(await a.next(), Chunk)  # A has read its whole prompt and is answering
+            engine.gate.clear()
+            await until(lambda: engine.waiting.is_set())
+            b = job(doc + "question B")
+            s.submit(b)  # slot 0 is busy with A (which holds the document): B gets slot 1
+            engine.gate.set()
+            items = await drain(b)
+            await drain(a)
+        finally:
+            s.shutdown()
+            s.join(10)
+        assert engine.target.copies and engine.target.copies[0][:2] == (0, 1)
+        assert items[-1].stats.prompt_cached >= len(doc) and items[-1].text == REPLY
+        assert s.metrics.shared_prefix_tokens._value.get() >= len(doc)
+    run(main())
