@@ -176,7 +176,7 @@ class Engine:
                 ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
         if spec.mode is Mode.DRAFT and drafter is None:
             raise InputError("--spec draft needs a draft model: pass -md/--model-draft or --pair")
-        settings = SpecSettings(mode=spec.mode, draft_min=self.limits.draft_min, draft_max=self.limits.draft_max)
+        settings = SpecSettings(mode=spec.mode, draft_max=self.limits.draft_max)
         if seq is None:
             ctl = self.last_controller = self.controller(sampling, spec.mode)
         else:

@@ -164,7 +164,7 @@ def replay_auto(rec: Recording, cost: CostModel, *, spec: SpecConfig = SpecConfi
     k_max = DraftLimits.of(spec, cost).draft_max
     ctl = Controller(CostModel.from_json(cost.to_json()), k_min=spec.draft_min, k_max=k_max, allow_off=True,
                      learn_timing=False)
-    dec = SpeculativeDecoder(target, SamplingConfig(), ctl, SpecSettings(mode="auto", draft_min=spec.draft_min,
+    dec = SpeculativeDecoder(target, SamplingConfig(), ctl, SpecSettings(mode="auto",
                              draft_max=k_max), ngram=NgramDrafter(spec.ngram_min, spec.ngram_max))
     out = [e.token for e in dec.generate(prompt, len(truth))]
     assert out == truth[: len(out)] and len(out) == len(truth) - 1, "the replayed answer is the recording"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -105,8 +105,7 @@ class LoopStats:
 @dataclass(frozen=True)
 class SpecSettings:
     mode: Mode = Mode.AUTO
-    draft_min: int = 1
-    draft_max: int = DEFAULT_DRAFT_MAX
+    draft_max: int = DEFAULT_DRAFT_MAX  # the longest draft a round may verify (the controller's k_max)
     probe_every: int = 16  # rounds between probes of an "off" draft model (doubles while it stays off)
     probe_max: int = 256
 
@@ -131,8 +130,10 @@ class SpeculativeDecoder:
         ngram: NgramDrafter | None = None,
         drafter: ModelDrafter | None = None,
         record_margins: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         self.target = target
+        self.clock = clock  # every time the decoder records or learns from (tests script it)
         self.record_margins = record_margins
         self.sampling = sampling
         self.controller = controller
@@ -164,9 +165,9 @@ class SpeculativeDecoder:
                 self.prefilled(len(todo))
             while not self.done:
                 batch = self.plan()
-                t0 = time.perf_counter()
+                t0 = self.clock()
                 logits = self.target.decode(batch, range(len(batch)))
-                yield from self.apply(logits, time.perf_counter() - t0, len(batch))
+                yield from self.apply(logits, self.clock() - t0, len(batch))
         finally:
             self.close()
 
@@ -180,7 +181,7 @@ class SpeculativeDecoder:
                 f"the prompt is {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
                 "use a larger --ctx-size or a shorter prompt"
             )
-        self.stats = st = LoopStats(start=time.perf_counter())
+        self.stats = st = LoopStats(start=self.clock())
         self._ctx = list(prompt)
         self._max_tokens = max_tokens
         self._emitted = 0
@@ -191,7 +192,7 @@ class SpeculativeDecoder:
         st.prompt_tokens = len(self._ctx)
         st.prompt_cached = len(self._ctx) - 1 - len(self._todo)
         if not self._todo:
-            st.prompt_s = time.perf_counter() - st.start
+            st.prompt_s = self.clock() - st.start
             self._check_end()
 
     @property
@@ -205,7 +206,7 @@ class SpeculativeDecoder:
     def prefilled(self, n: int) -> None:
         del self._todo[:n]
         if not self._todo:
-            self.stats.prompt_s = time.perf_counter() - self.stats.start
+            self.stats.prompt_s = self.clock() - self.stats.start
             self._check_end()
 
     @property
@@ -228,10 +229,10 @@ class SpeculativeDecoder:
         if k_limit is not None:
             k_cap = min(k_cap, k_limit)
         self._check_shadow(ctx)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self._load = load
         draft = self._draft(ctx, k_cap) if k_cap > 0 else EMPTY
-        self._draft_s = time.perf_counter() - t0
+        self._draft_s = self.clock() - t0
         self._pending = draft
         self._base = len(self.target.tokens)
         return [ctx[-1], *draft.tokens]
@@ -270,7 +271,7 @@ class SpeculativeDecoder:
                 return out
             self._ctx.append(tok)
             self._emitted += 1
-            st.token_times.append(time.perf_counter())
+            st.token_times.append(self.clock())
             st.sources.append(src)
             out.append(TokenEvent(tok, src, self._round_no))
             if self._emitted >= self._max_tokens:

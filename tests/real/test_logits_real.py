@@ -143,7 +143,7 @@ def verify_batches(engine: Engine, n: int = 40) -> tuple[list[int], list[int]]:
     """Verify batch sizes of a draft-mode run that always wants 16 drafts, and the output."""
     target = Recording(engine.target)
     ctl = Controller(CostModel(draft_cost=0.01), k_min=16, k_max=16, allow_off=False, learn_timing=False)
-    dec = SpeculativeDecoder(target, GREEDY, ctl, SpecSettings(mode="draft", draft_min=16, draft_max=16),
+    dec = SpeculativeDecoder(target, GREEDY, ctl, SpecSettings(mode="draft", draft_max=16),
                              drafter=ModelDrafter(engine.draft, GREEDY))
     engine.reset()
     out = [e.token for e in dec.generate(engine.raw_tokens(RAW_PROMPT), n)]

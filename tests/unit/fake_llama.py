@@ -81,8 +81,9 @@ class FakeLlama:
         self._seqs = [FakeSeq(self, i) for i in range(n_seq)]
         self._buffer = np.zeros((n_batch, VOCAB), dtype=np.float32)
         self.batches: list[list[tuple[int, int, int]]] = []  # per decode: (seq id, rows, logits rows) per part
-        self.gate = threading.Event()  # clear it to hold the next decode
+        self.gate = threading.Event()  # clear it to hold the next decode (the next one hold_if picks)
         self.gate.set()
+        self.hold_if = None  # parts -> bool
         self.held = threading.Event()  # set while a decode waits at the gate
         self.threads: set[str] = set()
         self.copies: list[tuple[int, int, int]] = []  # (from seq, to seq, tokens) of each prefix copy
@@ -122,7 +123,7 @@ class FakeLlama:
 
     def decode_parts(self, parts):
         self._touch()
-        if not self.gate.is_set():
+        if not self.gate.is_set() and (self.hold_if is None or self.hold_if(parts)):
             self.held.set()
             self.gate.wait()
             self.held.clear()

@@ -64,7 +64,7 @@ def generate(mode: str, sampling: SamplingConfig, seed: int) -> tuple[list[int],
     draft = FakeModel(DRAFT, n_ctx=len(PROMPT) + LENGTH + 8, vocab=VOCAB, eos=-1)
     ctl = Controller(CostModel(draft_cost=0.1), k_min=K, k_max=K, allow_off=False, learn_timing=False)
     dec = SpeculativeDecoder(
-        target, sampling, ctl, SpecSettings(mode=mode, draft_min=K, draft_max=K),
+        target, sampling, ctl, SpecSettings(mode=mode, draft_max=K),
         ngram=NgramDrafter() if mode == "combined" else None,
         drafter=ModelDrafter(draft, sampling),
     )

@@ -4,12 +4,10 @@ and the whole decoder on a fake model driven by a fake clock."""
 from __future__ import annotations
 
 import io
-from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
 
-from edgespec import speculative
 from edgespec.controller import Controller
 from edgespec.costs import CostModel
 from edgespec.sampling import SamplingConfig
@@ -159,9 +157,9 @@ class SlowModel(FakeModel):
 
 def run_plain(monkeypatch, live_t1_s, tokens=40):
     clock = FakeClock()
-    monkeypatch.setattr(speculative, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     ctl = Controller(profiled_cost(30.0, {2: 1.05, 8: 1.2}), k_max=8)
-    dec = SpeculativeDecoder(SlowModel(clock, live_t1_s, n_ctx=512), SamplingConfig(), ctl, SpecSettings(mode="off"))
+    dec = SpeculativeDecoder(SlowModel(clock, live_t1_s, n_ctx=512), SamplingConfig(), ctl, SpecSettings(mode="off"),
+                             clock=clock.perf_counter)
     out = list(dec.generate([1, 2, 3], tokens))
     assert len(out) == tokens
     return ctl
@@ -272,13 +270,13 @@ class DepthOfTarget(Controller):
 
 def test_the_decoder_on_a_scripted_clock_after_a_long_prompt_keeps_a_fresh_profile(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(speculative, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     model = DepthClockModel(clock, n_ctx=1024)
     ctl = DepthOfTarget(model, depth_profile(), k_max=8)
-    dec = SpeculativeDecoder(model, SamplingConfig(), ctl, SpecSettings(mode="off"))
+    dec = SpeculativeDecoder(model, SamplingConfig(), ctl, SpecSettings(mode="off"), clock=clock.perf_counter)
     out = list(dec.generate(list(range(1, 8)) * 64, 40))  # a 448-token prompt
     assert len(out) == 40 and not ctl.profile_stale
     stale = Controller(CostModel.from_ms({0: {k: machine_ms(k, 0) for k in (1, 2, 4, 8, 16)}}), k_max=8)
     model = DepthClockModel(clock, n_ctx=1024)
-    list(SpeculativeDecoder(model, SamplingConfig(), stale, SpecSettings(mode="off")).generate(list(range(1, 8)) * 64, 40))
+    list(SpeculativeDecoder(model, SamplingConfig(), stale, SpecSettings(mode="off"),
+                            clock=clock.perf_counter).generate(list(range(1, 8)) * 64, 40))
     assert stale.profile_stale  # the depth-0 profile against the same passes
