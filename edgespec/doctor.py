@@ -15,6 +15,8 @@ from .errors import EdgespecError
 from .gguf import GGUFInfo, read_gguf
 from .hardware import detect
 from .plan import ModelShape, make_plan
+from .backend import devices
+from .hardware import cpu_features
 
 
 @dataclass
@@ -127,8 +129,6 @@ def check_fit(target: ModelReport, draft: ModelReport | None) -> tuple[bool, str
 
 
 def check_build() -> list[tuple[bool, str]]:
-    from .backend import devices
-    from .hardware import cpu_features
 
     info = devices.system_info()
     if not info:

@@ -27,6 +27,15 @@ from .controller import Acceptance, speedup
 from .costs import CostModel
 from .drafters import common_prefix_len
 from .progress import NullProgress
+import random
+from .drafters import NgramDrafter
+from .config import SpecConfig
+from .engine import Engine, EngineConfig
+from .generate import complete
+from .sampling import SamplingConfig
+from .session import load_params
+from .template import Message
+from .backend.model import LlamaModel
 
 # Batch sizes timed. Fast kernels: small batches one by one (where v(k) bends), then the large
 # batches long copy drafts need. Exact kernels verify at most 7 rows, so nothing above 8 is used.
@@ -347,9 +356,7 @@ def _busy(times) -> float:
 
 def time_ngram(n_tokens: int = 2048, calls: int = 200) -> float:
     """Microseconds per n-gram proposal on a context of n_tokens (incremental, as in generation)."""
-    import random
 
-    from .drafters import NgramDrafter
 
     rng = random.Random(0)
     ctx = [rng.randrange(1000) for _ in range(n_tokens)]
@@ -364,12 +371,6 @@ def time_ngram(n_tokens: int = 2048, calls: int = 200) -> float:
 
 def draft_acceptance(target_path: Path, draft_path: Path, plan, max_tokens: int = 48, exact: bool = False) -> float:
     """Per-token acceptance of the draft on a short greedy sample (draft mode, fixed K)."""
-    from .config import SpecConfig
-    from .engine import Engine, EngineConfig
-    from .generate import complete
-    from .sampling import SamplingConfig
-    from .session import load_params
-    from .template import Message
 
     cfg = EngineConfig(
         target_path,
@@ -395,8 +396,6 @@ def measure(target_path: Path, draft_path: Path | None, plan, *, ks: Sequence[in
     """Time everything; with stop_when_busy, raise MeasurementAborted as soon as the machine is
     seen busy (before starting, or after any walk over the batch sizes): such a measurement
     would be rejected anyway, and on an oversubscribed CPU it can take many minutes."""
-    from .backend.model import LlamaModel
-    from .session import load_params
 
     progress = progress or NullProgress()
     ks = list(ks or (KS_EXACT if exact else KS_FAST))

@@ -8,6 +8,10 @@ import sys
 import click
 
 from .root import CONTEXT, cli
+from ..doctor import diagnose
+from ..errors import InputError
+from ..render import stdout_console
+from ..render.doctor import render_doctor
 
 
 # ---- doctor ------------------------------------------------------------------------------------
@@ -23,10 +27,6 @@ def doctor(refs, model_draft, drafts, as_json):
     of: identical vocabularies; compatible through a map of special tokens; incompatible (the first
     mismatch named).
     """
-    from ..doctor import diagnose
-    from ..errors import InputError
-    from ..render import stdout_console
-    from ..render.doctor import render_doctor
 
     refs = list(refs) + ([model_draft] if model_draft else [])
     if drafts and not refs:

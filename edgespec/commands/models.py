@@ -8,6 +8,13 @@ import json
 import click
 
 from .root import CONTEXT, cli
+from .. import models as registry
+from ..render import stdout_console
+from ..render.common import models_table, pairs_table
+from ..render import stderr_console
+from ..render.common import RichProgress
+from ..models.local import local_models
+from ..render.models import local_table
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -28,9 +35,6 @@ def models_list(as_json, local):
     if local:
         _print_local(as_json)
         return
-    from .. import models as registry
-    from ..render import stdout_console
-    from ..render.common import models_table, pairs_table
 
     reg = registry.load_registry()
     rows = registry.list_models(reg)
@@ -46,9 +50,6 @@ def models_list(as_json, local):
 @click.argument("names", nargs=-1, required=True)
 def models_pull(names):
     """Download and verify NAMES (or a pair name, for both its models). Instant when cached."""
-    from .. import models as registry
-    from ..render import stderr_console
-    from ..render.common import RichProgress
 
     reg = registry.load_registry()
     wanted = []
@@ -75,9 +76,6 @@ def models_scan(as_json):
 
 
 def _print_local(as_json: bool) -> None:
-    from ..models.local import local_models
-    from ..render import stdout_console
-    from ..render.models import local_table
 
     rows = local_models()
     if as_json:

@@ -9,6 +9,9 @@ import click
 
 from ..errors import ConfigError
 from .root import CONTEXT, cli
+from .. import paths
+from ..backend import rpc
+from ..render import stderr_console
 
 
 # ---- rpc-server --------------------------------------------------------------------------------
@@ -24,9 +27,6 @@ def rpc_server(host, port, threads, cache, use_cpu):
 
     Runs until Ctrl-C. The protocol has no authentication or encryption: do not expose it.
     """
-    from .. import paths
-    from ..backend import rpc
-    from ..render import stderr_console
 
     err = stderr_console()
     if ":" in host:

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ..generate import GenerationStats
 from . import SOURCE_STYLES, human_bytes
+from ..timing import STALE_MESSAGE
 
 
 def footer(stats: GenerationStats) -> str:
@@ -195,7 +196,6 @@ def measurement_tables(m: dict[str, Any]) -> list[Table]:
 
 def print_stale_notice(console: Console, *controllers) -> None:
     """One dim line, once, when live timing replaced a saved profile that no longer fits (timing.py)."""
-    from ..timing import STALE_MESSAGE
 
     for c in controllers:
         timing = getattr(c, "timing", None)
