@@ -195,3 +195,22 @@ def test_batcher_row_budget_is_never_exceeded():
     ps = prompts(4)
     out, _ = together(eng, ps, max_tokens=30)
     assert all(sum(n for _, n, _ in parts) <= 24 for parts in eng.target.batches)
+
+
+def test_the_session_ngram_drafter_keeps_what_it_learnt_across_turns_until_forgotten():
+    eng = engine(1)
+    first = prompts(1)[0]
+    d1 = eng.decoder(GREEDY)
+    answer = [e.token for e in d1.generate(first, 30)]
+    learnt = d1.ngram
+    assert len(learnt._ctx) > len(first) and learnt._ctx == (first + answer)[: len(learnt._ctx)]
+    index = learnt._index  # a drafter that starts again builds a new one
+    d2 = eng.decoder(GREEDY)  # the next turn: its prompt extends the last one's context
+    assert d2.ngram is learnt
+    list(d2.generate(first + answer + [7, 8, 9], 5))
+    assert learnt._index is index and learnt._ctx[: len(first) + len(answer)] == first + answer
+    list(eng.decoder(GREEDY).generate([9, 8, 7, 6], 3))  # an unrelated prompt: that one starts again
+    assert learnt._index is not index
+    assert eng.decoder(GREEDY, seq=0).ngram is not learnt  # a server request starts afresh
+    eng.reset(forget_learning=True)
+    assert eng.decoder(GREEDY).ngram is not learnt
