@@ -137,6 +137,7 @@ class Scheduler:
         self._queue: list[Job] = []  # waiting, in arrival order (ranked when admitted)
         self._active: list[_Active] = []
         self._free = list(range(self.n_slots))
+        self._admitting = 0  # taken from the queue, not yet in a slot (counted as busy by submit)
         self._seq = itertools.count()
         self.counts = {"requests": 0, "completed": 0, "cancelled": 0, "failed": 0, "tokens": 0}  # for /health
         self._stopping = False  # a plain flag: shutdown() runs in a signal handler and takes no lock
@@ -149,7 +150,7 @@ class Scheduler:
         with self._lock:
             if self._stopping:
                 raise Stopping()
-            free = self.n_slots - len(self._active)
+            free = self.n_slots - len(self._active) - self._admitting
             beyond = len(self._queue) + 1 - free  # requests that would wait for a slot, this one included
             if beyond > self.max_queue:
                 raise QueueFull()
@@ -216,29 +217,39 @@ class Scheduler:
             now = time.monotonic()
             job = min(self._queue, key=lambda j: (j.rank(now), j.submitted))
             self._queue.remove(job)
+            self._admitting += 1
             self.metrics.queue_depth.set(len(self._queue))
             self.counts["requests"] += 1
             return job
 
     def _admit(self) -> None:
         while (job := self._next_job()) is not None:
-            try:
-                tokens = list(job.prepare(self.engine))
-                slot = self._best_slot(tokens)
-                self._share_prefix(slot, tokens)
-                decoder = self.engine.decoder(job.sampling, seq=slot)
-                decoder.start(tokens, job.max_tokens)
-            except EdgespecError as err:
-                self._end(job, failure(err), "failed")
-                continue
-            except Exception as err:
-                self._end(job, internal(err), "failed")
-                continue
-            self._free.remove(slot)
+            if not self._start(job):
+                with self._lock:
+                    self._admitting -= 1
+
+    def _start(self, job: Job) -> bool:
+        """Tokenize, pick and fill a slot, begin the generation; False: the job failed (its one line sent)."""
+        try:
+            tokens = list(job.prepare(self.engine))
+            slot = self._best_slot(tokens)
+            self._share_prefix(slot, tokens)
+            decoder = self.engine.decoder(job.sampling, seq=slot)
+            decoder.start(tokens, job.max_tokens)
+        except EdgespecError as err:
+            self._end(job, failure(err), "failed")
+            return False
+        except Exception as err:
+            self._end(job, internal(err), "failed")
+            return False
+        self._free.remove(slot)
+        with self._lock:  # submit() counts slots as active + admitting: never both, never neither
             self._active.append(_Active(job, slot, decoder, TextStream(self.engine.target.token_bytes, job.stop)))
-            self.metrics.busy_slots.set(len(self._active))
-            self.metrics.prompt(len(tokens), decoder.stats.prompt_cached)
-            job.emit(Started(len(tokens)))
+            self._admitting -= 1
+        self.metrics.busy_slots.set(len(self._active))
+        self.metrics.prompt(len(tokens), decoder.stats.prompt_cached)
+        job.emit(Started(len(tokens)))
+        return True
 
     def _best_slot(self, tokens: Sequence[int]) -> int:
         """The free slot whose cache shares the longest prefix with this prompt (then the emptiest)."""

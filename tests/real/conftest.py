@@ -68,7 +68,7 @@ def fixed_decoder(engine, sampling, mode: str = "auto", cost: CostModel = FIXED_
     timing: what it decides then depends on the drafts' acceptance only, never on how fast this
     machine happens to be right now."""
     dec = engine.decoder(sampling, mode)
-    dec.controller = Controller(replace(cost, verify=dict(cost.verify)), k_min=dec.settings.draft_min,
+    dec.controller = Controller(replace(cost, verify=dict(cost.verify)), k_min=engine.limits.draft_min,
                                 k_max=dec.settings.draft_max, allow_off=mode == "auto", learn_timing=False,
                                 priors=PRIORS)
     return dec
