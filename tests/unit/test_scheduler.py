@@ -69,59 +69,44 @@ def test_many_requests_share_batches_and_each_gets_its_answer():
     run(main())
 
 
+async def finishing_order(specs: list[tuple[str, int, float]]) -> list[str]:
+    """Submit jobs (name, priority, seconds already waited), in that order, behind a one-slot server
+    held busy, let it go, and return the names in the order their answers ended: one slot serves
+    them one at a time, in admission order."""
+    waiting = {}
+    for name, priority, waited in specs:
+        waiting[name] = job(name, priority=priority)
+        waiting[name].submitted -= waited
+    engine = FakeEngine(n_seq=1)
+    s = Scheduler(engine, max_queue=8)
+    order: list[str] = []
+    try:
+        engine.gate.clear()
+        running = job("hold", max_tokens=3)
+        s.submit(running)
+        await until(lambda: engine.waiting.is_set())
+        for j in waiting.values():
+            s.submit(j)
+        engine.gate.set()
+
+        async def watch(name, j):
+            await drain(j)
+            order.append(name)
+
+        await asyncio.gather(drain(running), *(watch(n, j) for n, j in waiting.items()))
+    finally:
+        s.shutdown()
+        s.join(10)
+    return order
+
+
 def test_a_better_priority_waiting_behind_a_full_server_is_admitted_first():
-    async def main():
-        engine = FakeEngine(n_seq=1)
-        s = Scheduler(engine, max_queue=8)
-        order = []
-        try:
-            engine.gate.clear()
-            running = job("hold", max_tokens=3)
-            s.submit(running)
-            await until(lambda: engine.waiting.is_set())
-            late = [job("a", priority=5), job("b", priority=5), job("urgent", priority=-1)]
-            for j in late:
-                s.submit(j)
-            engine.gate.set()
-
-            async def watch(j, name):
-                await drain(j)
-                order.append(name)
-
-            await asyncio.gather(drain(running), *(watch(j, n) for j, n in zip(late, "ab!")))
-        finally:
-            s.shutdown()
-            s.join(10)
-        assert order == ["!", "a", "b"]
-    run(main())
+    assert run(finishing_order([("a", 5, 0.0), ("b", 5, 0.0), ("urgent", -1, 0.0)])) == ["urgent", "a", "b"]
 
 
 def test_aging_lets_an_old_request_past_newer_better_ones():
-    async def main():
-        engine = FakeEngine(n_seq=1)
-        s = Scheduler(engine, max_queue=8)
-        order = []
-        try:
-            engine.gate.clear()
-            running = job("hold", max_tokens=3)
-            s.submit(running)
-            await until(lambda: engine.waiting.is_set())
-            old, new = job("old", priority=3), job("new", priority=0)
-            old.submitted -= 4 * sched.AGING_S  # waited four levels' worth: ahead of a fresh priority 0
-            s.submit(new)
-            s.submit(old)
-            engine.gate.set()
-
-            async def watch(j, name):
-                await drain(j)
-                order.append(name)
-
-            await asyncio.gather(drain(running), watch(old, "old"), watch(new, "new"))
-        finally:
-            s.shutdown()
-            s.join(10)
-        assert order == ["old", "new"]
-    run(main())
+    # the old one waited four levels' worth: ahead of a fresh priority 0
+    assert run(finishing_order([("new", 0, 0.0), ("old", 3, 4 * sched.AGING_S)])) == ["old", "new"]
 
 
 def test_a_queued_job_that_is_cancelled_leaves_the_queue_at_once():
