@@ -128,3 +128,28 @@ def test_one_changed_ordinary_token_is_refused_naming_it(near_pair, model_path):
         pair_vocabularies(target, read_gguf(changed, vocab=True).vocab, target_name="t", draft_name="d")
     r = run_cli("doctor", TARGET, "-md", str(changed), env=os.environ.copy())
     assert r.returncode == 1 and f"token {CHANGED_ID} is" in r.stdout.decode() and "incompatible" in r.stdout.decode()
+
+
+def test_the_issues_own_command_an_ollama_target_with_draft_auto(tmp_path, model_path):
+    """`edgespec prompt -m ollama:qwen2.5-coder:1.5b --draft auto "hi"` on a machine with that Ollama
+    model (a store laid out as Ollama lays it, the blob a link to the shipped 1.5B): it answers and
+    says in one line which draft it picked (the shipped 0.5B, the only one that shares the vocabulary)."""
+    target = model_path(TARGET)
+    model_path(DRAFT)
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    ollama = tmp_path / "ollama"
+    (ollama / "blobs").mkdir(parents=True)
+    (ollama / "blobs" / f"sha256-{digest}").symlink_to(target)
+    manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "qwen2.5-coder" / "1.5b"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
+        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": target.stat().st_size}]}))
+    env = {**os.environ, "OLLAMA_MODELS": str(ollama), "EDGESPEC_LMSTUDIO_MODELS": str(tmp_path / "none"),
+           "HF_HUB_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    r = run_cli("prompt", "-m", "ollama:qwen2.5-coder:1.5b", "--draft", "auto", "-n", "4", "-c", "512", "-t", "2",
+                "hi", env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert r.stdout.decode().strip()
+    picked = [line for line in err.splitlines() if "draft" in line.lower() and DRAFT.split("-q")[0] in line]
+    assert len(picked) == 1, err
