@@ -36,6 +36,7 @@ from .sampling import SamplingConfig
 from .session import load_params
 from .template import Message
 from .backend.model import LlamaModel
+import psutil
 
 # Batch sizes timed. Fast kernels: small batches one by one (where v(k) bends), then the large
 # batches long copy drafts need. Exact kernels verify at most 7 rows, so nothing above 8 is used.
@@ -317,8 +318,6 @@ class LoadMeter:
     """CPU time used by other processes between start() and stop(), in cores (psutil)."""
 
     def __init__(self):
-        import psutil
-
         self._psutil = psutil
         self._me = psutil.Process()
         self.cores = psutil.cpu_count(logical=True) or os.cpu_count() or 1

@@ -19,6 +19,7 @@ from .errors import InputError
 from .gguf import read_gguf
 from .hardware import HardwareInfo, detect
 from .plan import ModelPlacement, ModelShape, Plan, make_plan
+from .backend import rpc
 
 
 AUTO = "auto"  # --draft auto: pick the draft among the models on this machine
@@ -76,8 +77,6 @@ def resolve(load: LoadConfig, spec: SpecConfig, progress=None, *, hardware: Hard
     auto = choice.draft == AUTO
     draft_path = models.resolve(choice.draft, progress=progress) if choice.draft and not auto else None
     if load.rpc:
-        from .backend import rpc
-
         rpc.connect(load.rpc)  # before detect(): the servers' devices join the ones it lists
     hw = hardware or detect()
     notes: tuple[str, ...] = ()

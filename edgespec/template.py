@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import InputError
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # ChatML: the de-facto default when a GGUF carries no template.
 CHATML = (
@@ -49,9 +51,6 @@ def render_segments(
     add_generation_prompt: bool = True,
 ) -> list[tuple[str, bool]]:
     """Render; return [(text, is_message_content)] in order."""
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     def raise_exception(message):
         raise jinja2.TemplateError(message)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import psutil
 
 from ..config import KV_CACHE_TYPES
 from ..errors import BackendError, ContextError, ModelFileError
@@ -159,8 +160,6 @@ class LoadParams:
 
 def default_threads() -> int:
     try:
-        import psutil
-
         return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
     except Exception:
         return max(1, os.cpu_count() or 1)

@@ -14,6 +14,7 @@ import click
 
 from .. import __version__
 from ..errors import EdgespecError
+from ..backend.model import set_native_backtraces, set_verbose
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -183,8 +184,6 @@ def cli(ctx, debug, verbose):
     """edgespec: faster local LLM inference with speculative decoding (llama.cpp, GGUF)."""
     ctx.obj = State(debug=debug, verbose=verbose)
     if verbose or debug:
-        from ..backend.model import set_native_backtraces, set_verbose
-
         set_verbose(verbose)
         set_native_backtraces(debug)
 

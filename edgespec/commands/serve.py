@@ -12,6 +12,7 @@ import click
 
 from ..config import MAX_PARALLEL
 from ..errors import ConfigError, PlanError
+from ..render import stderr_console
 from .options import model_options, open_engine, sampling_config, sampling_options, spec_config
 from .root import CONTEXT, cli
 
@@ -108,7 +109,7 @@ def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max
     edgespec serve                      # http://127.0.0.1:8080/v1
     OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=none python my_client.py
     """
-    from ..render import stderr_console
+    # the web stack (starlette, uvicorn, pydantic, prometheus-client) loads only for serve
     from ..server.app import Settings, create_app
     from ..server.run import StopSignals, bind, is_loopback, serve as run_server
     from ..server.scheduler import Scheduler
