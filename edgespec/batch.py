@@ -20,10 +20,11 @@ import numpy as np
 from .controller import Load
 from .speculative import SpeculativeDecoder, TokenEvent
 
-# Prompt tokens one step prefills, all sequences together. A step's time is every running
-# stream's inter-token latency, so a long prompt is read in chunks between decode rounds
-# instead of freezing the others for its whole prefill; a larger chunk reads prompts faster
-# but makes every other stream wait longer per token.
+# Prompt tokens one step prefills, all sequences together, while others are decoding. A step's
+# time is every running stream's inter-token latency, so a long prompt is read in chunks between
+# decode rounds instead of freezing the others for its whole prefill; a larger chunk reads prompts
+# faster but makes every other stream wait longer per token. With nobody decoding, a step reads a
+# whole batch (n_batch) of prompt.
 PREFILL_CHUNK = 64
 
 
@@ -80,7 +81,8 @@ class Batcher:
         one sequence at a time in whole chunks, so a prompt's chunks (and so its KV) are the same
         whatever else runs."""
         parts = []
-        budget = min(self.prefill_chunk, self.n_batch - n_decoding)
+        # with nobody waiting on tokens, a step may read a whole batch of prompt
+        budget = min(self.prefill_chunk, self.n_batch - n_decoding) if n_decoding else self.n_batch
         if self.exact:
             reading = reading[:1]
             budget = self.prefill_chunk

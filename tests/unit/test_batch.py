@@ -71,8 +71,12 @@ def together(eng: Engine, ps, max_tokens=60, stop_after: dict[int, int] | None =
     return out, decs
 
 
+# batches nearly as cheap as one row: drafting pays in a full batch too, so the test sees drafts
+CHEAP = CostModel(verify={k: 1 + 0.05 * (k - 1) for k in range(2, 65)})
+
+
 def test_sequences_batched_together_emit_what_each_emits_alone():
-    eng = engine(4)
+    eng = engine(4, cost=CHEAP)
     ps = prompts(4)
     solo = [alone(eng, p) for p in ps]
     both, decs = together(eng, ps)
@@ -214,3 +218,15 @@ def test_the_session_ngram_drafter_keeps_what_it_learnt_across_turns_until_forgo
     assert eng.decoder(GREEDY, seq=0).ngram is not learnt  # a server request starts afresh
     eng.reset(forget_learning=True)
     assert eng.decoder(GREEDY).ngram is not learnt
+
+
+def test_with_nobody_decoding_a_step_reads_a_whole_batch_of_prompt():
+    eng = engine(2, n_batch=256)
+    long = [int(t) for t in np.random.default_rng(5).integers(2, VOCAB, size=600)]
+    eng.target.reset()
+    a, b = eng.decoder(GREEDY, seq=0), eng.decoder(GREEDY, seq=1)
+    a.start(long, 4)
+    b.start(long[:300], 4)
+    eng.batcher.step([a, b])
+    first = eng.target.batches[0]
+    assert sum(n for _, n, _ in first) == 256  # not PREFILL_CHUNK: no stream is waiting on tokens
