@@ -39,20 +39,24 @@ def run_cli(*args, env):
                           capture_output=True, timeout=600, env=env)
 
 
+def ollama_store(ollama: Path, name: str, tag: str, model: Path) -> Path:
+    """An Ollama store as Ollama lays it out: a manifest naming a blob (a link to `model`)."""
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    (ollama / "blobs").mkdir(parents=True)
+    (ollama / "blobs" / f"sha256-{digest}").symlink_to(model)
+    manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / name / tag
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
+        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": model.stat().st_size}]}))
+    return ollama
+
+
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory, model_path):
     """An Ollama store (manifest + blob linking to smollm2) and an LM Studio folder (linking to the
     0.5B), and the environment that points edgespec at them."""
     root = tmp_path_factory.mktemp("stores")
-    small = model_path(SMALL)
-    digest = hashlib.sha256(small.read_bytes()).hexdigest()
-    ollama = root / "ollama"
-    (ollama / "blobs").mkdir(parents=True)
-    (ollama / "blobs" / f"sha256-{digest}").symlink_to(small)
-    manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "smollm2" / "135m"
-    manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
-        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": small.stat().st_size}]}))
+    ollama = ollama_store(root / "ollama", "smollm2", "135m", model_path(SMALL))
     half = ollama / "manifests" / "registry.ollama.ai" / "library" / "half" / "latest"
     half.parent.mkdir(parents=True)
     half.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:" + "0" * 64}]}))
@@ -134,16 +138,8 @@ def test_the_issues_own_command_an_ollama_target_with_draft_auto(tmp_path, model
     """`edgespec prompt -m ollama:qwen2.5-coder:1.5b --draft auto "hi"` on a machine with that Ollama
     model (a store laid out as Ollama lays it, the blob a link to the shipped 1.5B): it answers and
     says in one line which draft it picked (the shipped 0.5B, the only one that shares the vocabulary)."""
-    target = model_path(TARGET)
     model_path(DRAFT)
-    digest = hashlib.sha256(target.read_bytes()).hexdigest()
-    ollama = tmp_path / "ollama"
-    (ollama / "blobs").mkdir(parents=True)
-    (ollama / "blobs" / f"sha256-{digest}").symlink_to(target)
-    manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "qwen2.5-coder" / "1.5b"
-    manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
-        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": target.stat().st_size}]}))
+    ollama = ollama_store(tmp_path / "ollama", "qwen2.5-coder", "1.5b", model_path(TARGET))
     env = {**os.environ, "OLLAMA_MODELS": str(ollama), "EDGESPEC_LMSTUDIO_MODELS": str(tmp_path / "none"),
            "HF_HUB_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     r = run_cli("prompt", "-m", "ollama:qwen2.5-coder:1.5b", "--draft", "auto", "-n", "4", "-c", "512", "-t", "2",
