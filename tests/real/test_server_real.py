@@ -422,7 +422,7 @@ def test_repeated_signals_never_crash_the_server():
 
 
 def test_waiting_requests_get_503_shutting_down_and_the_stream_an_error_chunk():
-    server = Server("-m", SMALL, "-t", "1").wait_ready()
+    server = Server("-m", SMALL, "-t", "1", "-np", "1").wait_ready()  # one slot: the others wait
     results = []
     try:
         client = server.client()
@@ -460,7 +460,9 @@ def test_shutdown_during_a_long_prefill_keeps_the_contract():
     `shutting_down` in JSON, the stream its error chunk, no traceback, and the prefill stops within a
     chunk, so the generation thread is joined and the models freed ("server stopped") before the
     exit. (The one-generation worker evaluates the whole prompt first: "a generation was still running".)"""
-    server = Server("-m", SMALL, "-t", "1", "-c", "4096").wait_ready()
+    # one slot: the others wait in the queue whatever the machine's speed (with more slots they
+    # would be admitted between prompt chunks)
+    server = Server("-m", SMALL, "-t", "1", "-c", "4096", "-np", "1").wait_ready()
     results = []
     try:
         client = server.client()
