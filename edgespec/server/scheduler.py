@@ -121,8 +121,7 @@ class _Active:
     slot: int
     decoder: SpeculativeDecoder
     text: TextStream
-    first_token: float | None = None
-    last_token: float | None = None
+    last_token: float | None = None  # perf_counter() of the latest token; None until the first
 
 
 class Scheduler:
@@ -278,10 +277,9 @@ class Scheduler:
             for ev in result.events.get(i, ()):
                 self.counts["tokens"] += 1
                 chunk = a.text.feed(ev)
-                if a.first_token is None:
-                    a.first_token = now
+                if a.last_token is None:
                     self.metrics.ttft.observe(time.monotonic() - a.job.submitted)
-                elif a.last_token is not None:
+                else:
                     self.metrics.inter_token.observe(now - a.last_token)
                 a.last_token = now
                 if a.text.stopped:
