@@ -117,6 +117,8 @@ def _sources(entry: ModelEntry) -> list[tuple[str, Callable]]:
 
 @dataclass(frozen=True)
 class ModelRow:
+    """One line of `models list`: the entry's own columns, then what the cache and registries say."""
+
     name: str
     family: str
     params: str
@@ -126,19 +128,14 @@ class ModelRow:
     sources: str  # e.g. "hf, pack", in the order they are tried
     origin: str = BUILTIN  # "built-in", or the path of the user registry that defines it
 
+    @classmethod
+    def of(cls, entry: ModelEntry, origin: str = BUILTIN) -> ModelRow:
+        # The first five columns are the entry's own fields, copied under the same names (which
+        # `models list --json` shows as they are).
+        own = {name: getattr(entry, name) for name in ("name", "family", "params", "quant", "size")}
+        return cls(**own, cached=is_cached(entry), sources=", ".join(entry.sources), origin=origin)
+
 
 def list_models(registry: Registry | None = None) -> list[ModelRow]:
     registry = registry or load_registry()
-    return [
-        ModelRow(
-            name=e.name,
-            family=e.family,
-            params=e.params,
-            quant=e.quant,
-            size=e.size,
-            cached=is_cached(e),
-            sources=", ".join(e.sources),
-            origin=registry.origin.get(e.name, BUILTIN),
-        )
-        for e in registry.models.values()
-    ]
+    return [ModelRow.of(e, registry.origin.get(e.name, BUILTIN)) for e in registry.models.values()]

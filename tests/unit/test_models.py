@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
 import json
@@ -390,7 +391,10 @@ def test_stale_sidecar_is_not_trusted(use_pack):
 def test_list_models(use_pack):
     e = entry()
     rows = list_models(registry(e))
-    assert [(r.name, r.size, r.cached, r.sources) for r in rows] == [("tiny", len(CONTENT), False, "hf, pack")]
+    assert [dataclasses.asdict(r) for r in rows] == [{  # the columns of `models list --json`
+        "name": "tiny", "family": "tiny", "params": "1M", "quant": "Q4_0", "size": len(CONTENT),
+        "cached": False, "sources": "hf, pack", "origin": "built-in",
+    }]
     pull(e.name, registry=registry(e))
     assert list_models(registry(e))[0].cached
 
