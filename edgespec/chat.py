@@ -9,9 +9,9 @@ and the decoder evaluates only what follows the prefix it already holds.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from .errors import InputError
 from .generate import Chunk, Final, GenerationStats
@@ -54,34 +54,37 @@ class CommandResult:
     message: str = ""
 
 
-@dataclass
+# The GenerationStats counters a session adds up as they are, answer after answer.
+SUMMED = ("tokens", "prompt_tokens", "prompt_cached", "drafted", "accepted")
+
+
+@dataclass(frozen=True)
 class SessionTotals:
+    """What a session's answers add up to; `sums` holds each SUMMED counter under its name."""
+
     answers: int = 0
     interrupted: int = 0
-    tokens: int = 0
+    # Only answers that produced a token: an empty one adds time and no tokens to the mean speed.
     gen_s: float = 0.0
-    prompt_tokens: int = 0
-    prompt_cached: int = 0
-    drafted: int = 0
-    accepted: int = 0
+    sums: Mapping[str, int] = field(default_factory=lambda: dict.fromkeys(SUMMED, 0))
 
-    def add(self, s: GenerationStats) -> None:
-        self.answers += 1
-        self.interrupted += s.finish_reason == "interrupted"
-        self.tokens += s.tokens
-        self.gen_s += s.gen_s if s.tokens else 0.0
-        self.prompt_tokens += s.prompt_tokens
-        self.prompt_cached += s.prompt_cached
-        self.drafted += s.drafted
-        self.accepted += s.accepted
+    def plus(self, s: GenerationStats) -> SessionTotals:
+        """These totals with one more answer."""
+        return SessionTotals(
+            answers=self.answers + 1,
+            interrupted=self.interrupted + (s.finish_reason == "interrupted"),
+            gen_s=self.gen_s + (s.gen_s if s.tokens else 0.0),
+            sums={name: n + getattr(s, name) for name, n in self.sums.items()},
+        )
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.gen_s if self.gen_s else 0.0
+        return self.sums["tokens"] / self.gen_s if self.gen_s else 0.0
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        drafted = self.sums["drafted"]
+        return self.sums["accepted"] / drafted if drafted else 0.0
 
 
 class ChatEngine(Protocol):
@@ -176,7 +179,7 @@ class ChatSession:
             self.history.append(ChatMessage("assistant", text, interrupted=interrupted))
         if stats is not None:
             self.last_stats = stats
-            self.totals.add(stats)
+            self.totals = self.totals.plus(stats)
 
     # ---- the context ---------------------------------------------------------------------
     def _reserve(self) -> int:

@@ -29,12 +29,13 @@ def totals_table(t: SessionTotals) -> Table:
     table = Table(title="session totals", show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
-    acc = f"{t.accepted}/{t.drafted} ({t.acceptance_rate:.0%})" if t.drafted else "-"
+    n = t.sums
+    acc = f"{n['accepted']}/{n['drafted']} ({t.acceptance_rate:.0%})" if n["drafted"] else "-"
     rows = [
         ("answers", f"{t.answers} ({t.interrupted} interrupted)"),
-        ("tokens generated", str(t.tokens)),
+        ("tokens generated", str(n["tokens"])),
         ("mean speed", f"{t.tokens_per_s:.2f} tok/s"),
-        ("prompt tokens", f"{t.prompt_tokens}, {t.prompt_cached} reused from cache"),
+        ("prompt tokens", f"{n['prompt_tokens']}, {n['prompt_cached']} reused from cache"),
         ("drafted / accepted", acc),
     ]
     for k, v in rows:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 
-from edgespec.chat import ChatMessage, ChatSession, Notice
+from edgespec.chat import ChatMessage, ChatSession, Notice, SessionTotals
 from edgespec.commands.chat import CONTINUATION, PROMPT, LineAssembler, is_command, run_repl, soft_sigint
 from edgespec.errors import ContextError, InputError
 from edgespec.generate import Chunk, Final, stream
+from edgespec.render.chat import totals_table
 from edgespec.speculative import LoopStats, TokenEvent
 
 ROLE_TOKENS = {"system": 1001, "user": 1002, "assistant": 1003}
@@ -144,7 +146,7 @@ def test_second_turn_reuses_the_whole_first_turn_when_it_retokenises_the_same(re
     assert first.stats.prompt_cached == 0
     # everything up to the end of the first answer was cached; only the new turn was evaluated
     assert second.stats.prompt_cached == len(eng.prompts[0]) + len(bpe(reply))
-    assert s.totals.prompt_cached == second.stats.prompt_cached and s.totals.answers == 2
+    assert s.totals.sums["prompt_cached"] == second.stats.prompt_cached and s.totals.answers == 2
 
 
 def test_second_turn_rereads_an_answer_that_retokenises_differently():
@@ -260,6 +262,19 @@ def test_command_parsing():
     assert s.handle_command("/save").action == "error"
     assert s.handle_command("/load").action == "error"
     assert is_command("/stats") and not is_command("//etc") and not is_command("/a\nb") and not is_command("hi")
+
+
+def test_totals_add_up_the_answers_and_time_only_those_with_tokens():
+    s = ChatSession(FakeEngine("hi there"))
+    answer = final_of(drain(s.send("hello"))).stats
+    empty = replace(answer, tokens=0, prompt_cached=3, drafted=4, accepted=1, gen_s=9.0, finish_reason="interrupted")
+    t = SessionTotals().plus(replace(answer, drafted=4, accepted=3, gen_s=2.0)).plus(empty)
+    assert (t.answers, t.interrupted, t.gen_s) == (2, 1, 2.0)
+    assert t.sums == {"tokens": 8, "prompt_tokens": 2 * answer.prompt_tokens, "prompt_cached": 3, "drafted": 8, "accepted": 4}
+    assert (t.tokens_per_s, t.acceptance_rate) == (4.0, 0.5)
+    rows = list(zip(*(c.cells for c in totals_table(t).columns)))
+    assert rows[1:3] == [("tokens generated", "8"), ("mean speed", "4.00 tok/s")] and rows[-1] == ("drafted / accepted", "4/8 (50%)")
+    assert SessionTotals().tokens_per_s == SessionTotals().acceptance_rate == 0.0
 
 
 def test_stats_after_an_answer():
