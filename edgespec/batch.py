@@ -23,8 +23,10 @@ from .speculative import SpeculativeDecoder, TokenEvent
 # Prompt tokens one step prefills, all sequences together, while others are decoding. A step's
 # time is every running stream's inter-token latency, so a long prompt is read in chunks between
 # decode rounds instead of freezing the others for its whole prefill; a larger chunk reads prompts
-# faster but makes every other stream wait longer per token. With nobody decoding, a step reads a
-# whole batch (n_batch) of prompt.
+# faster but makes every other stream wait longer per token. With nobody decoding, a step reads
+# whole prompts, shortest first, up to a batch (n_batch); one that does not fit in what is left
+# waits for the next step: the short ones start decoding after this step instead of after a long
+# prompt's first batch.
 PREFILL_CHUNK = 64
 
 
@@ -86,7 +88,11 @@ class Batcher:
         if self.exact:
             reading = reading[:1]
             budget = self.prefill_chunk
+        elif not n_decoding:
+            reading = sorted(reading, key=lambda i: members[i].prefill_left)
         for i in reading:
+            if parts and not n_decoding and members[i].prefill_left > budget:
+                break
             chunk = members[i].prefill_chunk(budget) if budget > 0 else []
             if not chunk:
                 break
@@ -101,13 +107,13 @@ class Batcher:
     def _verify(self, members, group: list[int], parts: list, events) -> int:
         """Plan each sequence's round seeing what the batch holds (prompt chunks, the rounds planned
         before it, one row for each sequence still to plan); decode them together; apply."""
-        load = Load(tuple(len(p[1]) for p in parts))
+        load = Load(prompt_rows=tuple(len(p[1]) for p in parts))
         alone = len(group) == 1 and not parts
         for n, i in enumerate(group):
             d = members[i]
             later = len(group) - n - 1  # each later sequence needs at least its one row
             limit = max(0, self.max_rows - load.rows - later - 1)
-            ahead = Load((*load.seq_rows, *[1] * later), load.tokens + later, load.draft_cost)
+            ahead = load.expecting(later)
             batch = d.plan(k_limit=limit, load=None if alone else ahead)
             parts.append((d.target, batch, list(range(len(batch))), i))
             drafted = d.planned.source == "draft" and bool(d.planned.tokens)

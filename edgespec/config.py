@@ -84,7 +84,8 @@ DEFAULT_DRAFT_MAX = 16
 
 _ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]*):(?P<port>\d{1,5})$")
 MAX_RPC_SERVERS = 16  # GGML_RPC_MAX_SERVERS
-MAX_PARALLEL = 64  # sequences in one context: llama.cpp allows 256; past this, each step's bookkeeping dominates
+MAX_PARALLEL = 64  # slots generating at once: past this, each step's bookkeeping dominates
+MAX_SEQUENCES = 2 * MAX_PARALLEL  # slots plus serve's prompt cache beside them, in one context (llama.cpp allows 256)
 
 
 def parse_rpc(text: str | None) -> tuple[str, ...]:
@@ -178,7 +179,8 @@ class LoadConfig:
             _require(value is None or 1 <= value <= 1024, f"{flag} must be >= 1 (got {value})")
         for flag, value in (("-ngl", self.n_gpu_layers), ("-ngld", self.n_gpu_layers_draft)):
             _require(value is None or value >= 0, f"{flag} must be >= 0 (got {value})")
-        _require(1 <= self.n_seq <= MAX_PARALLEL, f"--parallel must be in 1..{MAX_PARALLEL} (got {self.n_seq})")
+        _require(1 <= self.n_seq <= MAX_SEQUENCES,
+                 f"--parallel plus --prompt-cache must be in 1..{MAX_SEQUENCES} (got {self.n_seq})")
         _require(self.gpu_memory is None or 0 <= self.gpu_memory <= 1 << 50,
                  f"--gpu-memory must be a size >= 0 such as 1.5G or 800M (got {self.gpu_memory} bytes)")
         for flag, value in (("-ctk", self.type_k), ("-ctv", self.type_v)):

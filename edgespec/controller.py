@@ -115,20 +115,32 @@ class Choice:
 @dataclass(frozen=True)
 class Load:
     """What the rest of a batch holds when one sequence's draft length is chosen: each other
-    sequence's rows, the tokens those rows are expected to emit, and the drafting time spent on
-    them (in target-token units). With several sequences in one batch a drafted row competes with
-    every other sequence's rows, so it is worth less than it would be alone."""
+    sequence's rows, the tokens those rows are expected to emit, the drafting time spent on them
+    (in target-token units), and the prompt chunks read in the same pass. With several sequences
+    in one batch a drafted row competes with every other sequence's rows, so it is worth less than
+    it would be alone.
+
+    Prompt chunks are work the step does anyway: they shape what a drafted row adds to the pass
+    (llama.cpp's split), but their time is not a cost a draft is judged against. Counted in the
+    base, a 64-token chunk made every draft in its step look nearly free (a few more rows on a
+    long pass) and the steps that read prompts grew long."""
 
     seq_rows: tuple[int, ...] = ()
     tokens: float = 0.0
     draft_cost: float = 0.0
+    prompt_rows: tuple[int, ...] = ()
 
     @property
     def rows(self) -> int:
-        return sum(self.seq_rows)
+        return sum(self.seq_rows) + sum(self.prompt_rows)
 
     def plus(self, rows: int, tokens: float, draft_cost: float = 0.0) -> "Load":
-        return Load((*self.seq_rows, rows), self.tokens + tokens, self.draft_cost + draft_cost)
+        return replace(self, seq_rows=(*self.seq_rows, rows), tokens=self.tokens + tokens,
+                       draft_cost=self.draft_cost + draft_cost)
+
+    def expecting(self, later: int) -> "Load":
+        """With `later` sequences still to plan, one row each (the least they can add)."""
+        return replace(self, seq_rows=(*self.seq_rows, *[1] * later), tokens=self.tokens + later)
 
 
 def ubatch_sizes(seq_rows: Sequence[int]) -> list[int]:
@@ -218,17 +230,22 @@ class Controller:
 
         With `load` (the other sequences of the batch), the throughput judged is the whole batch's:
         (load.tokens + E(K)) / (load.draft_cost + K c + cost of the batch with K + 1 more rows),
-        against K = 0. Without it (one sequence) this is E(K) / (K c + v(K + 1)) against plain
+        against K = 0; the step's prompt chunks change what the K rows add to the pass, not the
+        base they are judged against. Without it (one sequence) this is E(K) / (K c + v(K + 1)) against plain
         decoding's 1."""
         depth = depth or 0
         alpha = self.capped_alpha(key, prior)
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
         load = load or Load()
         others, spent = load.tokens, load.draft_cost
-        base = (others + 1.0) / (spent + batch_cost(self.cost, (*load.seq_rows, 1), depth))
+        decoding = spent + batch_cost(self.cost, (*load.seq_rows, 1), depth)  # the decode rows' pass alone
+        base = (others + 1.0) / decoding
+        with_prompts = (*load.prompt_rows, *load.seq_rows)
+        plain = batch_cost(self.cost, (*with_prompts, 1), depth)
 
         def rate(tokens: float, k: int) -> float:
-            return (others + tokens) / (spent + k * draft_cost + batch_cost(self.cost, (*load.seq_rows, k + 1), depth)) / base
+            added = batch_cost(self.cost, (*with_prompts, k + 1), depth) - plain  # what the draft's rows add to this pass
+            return (others + tokens) / (decoding + k * draft_cost + added) / base
 
         best = Choice(0, 1.0)
         # A forced mode with a short proposal still uses what it has.

@@ -449,9 +449,13 @@ class LlamaModel:
             return [self._rows([]) for _ in parts]
         b = self._batch
         n = 0
-        offsets = []
-        for s, t, want in parts:
-            offsets.append(n)
+        offsets = [0] * len(parts)
+        # In seq-id order: with a KV stream per sequence llama.cpp splits a batch into passes of
+        # consecutive seq ids in batch order, so sequences 2, 3, 0, 1 would run as two passes
+        # where 0, 1, 2, 3 is one.
+        for j in sorted(range(len(parts)), key=lambda j: parts[j][0].seq_id):
+            s, t, want = parts[j]
+            offsets[j] = n
             pos0 = s.n_past
             rows = set(want)
             for i, tok in enumerate(t):

@@ -28,13 +28,19 @@ def served_name(choice_target: str, target_path: Path) -> str:
     return choice_target
 
 
-def _open_slots(kw, spec, parallel: int | None):
-    """Load with --parallel sequences; by default DEFAULT_PARALLEL, or as many as fit in memory."""
+def _open_slots(kw, spec, parallel: int | None, cache: int | None):
+    """Load with --parallel slots and --prompt-cache sequences beside them; by default
+    DEFAULT_PARALLEL slots and as many cache sequences, fewer when they do not fit in memory (the
+    cache goes first). Returns (resolved, engine, slots)."""
     n = parallel or DEFAULT_PARALLEL
     while True:
+        extra = n if cache is None else cache
         try:
-            return open_engine({**kw, "parallel": n}, spec)
+            return (*open_engine({**kw, "parallel": n + extra}, spec), n)
         except PlanError:
+            if cache is None and extra:
+                cache = 0  # the default cache does not fit: serve without it before serving fewer
+                continue
             if parallel or n == 1:
                 raise  # the one-line refusal names the memory, the sequences and what to try
             n -= 1
@@ -80,6 +86,9 @@ class HostNameType(click.ParamType):
 @click.option("-np", "--parallel", type=click.IntRange(1, MAX_PARALLEL), default=None,
               help=f"Requests generated at once, in shared batches (default: {DEFAULT_PARALLEL}, or as many as "
                    "fit in memory with their KV cache).")
+@click.option("--prompt-cache", "prompt_cache", type=click.IntRange(0, MAX_PARALLEL), default=None,
+              help="Finished requests' prompts kept for reuse, as KV sequences beside the slots "
+                   "(default: as many as --parallel, none when they do not fit; 0: off).")
 @click.option("--queue", "max_queue", type=click.IntRange(0, 4096), default=8, show_default=True,
               help="Requests that may wait for a free slot; beyond that: 503 with Retry-After.")
 @click.option("--priority", "default_priority", type=int, default=0, show_default=True,
@@ -96,7 +105,7 @@ class HostNameType(click.ParamType):
                    "By default requests from browsers (with an Origin header) are refused.")
 @model_options
 @sampling_options
-def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max_tokens_cap, max_request_bytes,
+def serve(host, port, api_key, alias, parallel, prompt_cache, max_queue, default_priority, max_tokens_cap, max_request_bytes,
           allowed_hosts, cors_origins, **kw):
     """Serve the models over an OpenAI-compatible API until Ctrl-C / SIGTERM.
 
@@ -126,7 +135,7 @@ def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max
         if not is_loopback(host):
             err.print(f"[yellow]warning:[/] serving on {host}: anyone who can reach port {port} can use these models"
                       + ("" if api_key else " (no --api-key set)"))
-        resolved, engine = _open_slots(kw, spec, parallel)
+        resolved, engine, slots = _open_slots(kw, spec, parallel, prompt_cache)
     except BaseException:
         sock.close()
         raise
@@ -138,7 +147,7 @@ def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max
         raise
     # From here until the models are freed a signal only asks the server to stop (StopSignals).
     with signals.installed():
-        worker = Scheduler(engine, max_queue)
+        worker = Scheduler(engine, max_queue, slots=slots)
         try:
             settings = Settings(
                 model_id=alias or served_name(resolved.choice.target, resolved.target_path),
@@ -147,7 +156,7 @@ def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max
                 priority=default_priority, bind_host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
                 prompt_limits=limits,
             )
-            err.print(_banner(host, port, settings, resolved, engine, spec))
+            err.print(_banner(host, port, settings, resolved, engine, spec, slots))
             run_server(create_app(worker, settings), sock, worker.shutdown, signals)
         finally:
             worker.shutdown()
@@ -157,11 +166,12 @@ def serve(host, port, api_key, alias, parallel, max_queue, default_priority, max
         _leave(err, "server stopped")
 
 
-def _banner(host, port, settings, resolved, engine, spec) -> str:
+def _banner(host, port, settings, resolved, engine, spec, slots: int) -> str:
     shown = f"[{host}]" if ":" in host else host
     draft = f" + {resolved.draft_path.stem}" if engine.draft is not None else ""
     return (f"edgespec serve: [bold]http://{shown}:{port}/v1[/]  model {settings.model_id}{draft}, spec {spec.mode}, "
-            f"{engine.n_seq} parallel{', API key required' if settings.api_key else ''}  (Ctrl-C stops)")
+            f"{slots} parallel, {engine.n_seq - slots} cached prompts"
+            f"{', API key required' if settings.api_key else ''}  (Ctrl-C stops)")
 
 
 STOP_WAIT_S = 10.0  # how long a stopped server waits for the generation thread to leave llama.cpp

@@ -5,8 +5,11 @@ tokenizing, prefilling, decoding, closing — runs on this one thread. Requests 
 admission queue ordered by priority (lower first, as vLLM) with aging, so a steady stream of urgent
 requests cannot starve an old one. A job is admitted to a free slot (one KV sequence of the
 engine): the slot whose cached prefix it shares most, so a continued chat or a re-edited file
-reuses its KV. Each step, `engine.batcher` gives every slot still reading its prompt a chunk of it
-and every decoding slot its round, all in one target pass; each slot's tokens go through its own
+reuses its KV. The engine may hold more sequences than slots: the extra ones are a prompt cache. A
+slot about to be reused first copies what it holds into the least recently used of them, so a
+document or file whose slot has since served someone else is not read again when it comes back
+(llama-server keeps a RAM prompt cache for the same reason). Each step, `engine.batcher` gives
+every slot still reading its prompt a chunk of it and every decoding slot its round, all in one target pass; each slot's tokens go through its own
 `TextStream` (stop strings, UTF-8) to its job's asyncio queue (`Started`, `Chunk`s, then `Final` or
 `Failed`). A job cancelled while queued leaves the queue at once; one cancelled in a slot (client
 gone) or a shutdown ends at the next step, within one prompt chunk, its slot's KV kept as a prefix
@@ -127,10 +130,13 @@ class _Active:
 class Scheduler:
     """Admission queue + slots + the engine thread. The server's only way to the engine."""
 
-    def __init__(self, engine, max_queue: int, *, metrics: Metrics | None = None):
+    def __init__(self, engine, max_queue: int, *, metrics: Metrics | None = None, slots: int | None = None):
         self.engine = engine
         self.max_queue = max_queue
-        self.n_slots = engine.n_seq
+        self.n_slots = engine.n_seq if slots is None else slots
+        if not 1 <= self.n_slots <= engine.n_seq:
+            raise ValueError(f"{self.n_slots} slots in an engine of {engine.n_seq} sequences")
+        self._cache = list(range(self.n_slots, engine.n_seq))  # prompt-cache sequences, least recently used first
         self.metrics = metrics or Metrics()
         self._lock = threading.Lock()
         self._queue: list[Job] = []  # waiting, in arrival order (ranked when admitted)
@@ -251,22 +257,50 @@ class Scheduler:
         return True
 
     def _best_slot(self, tokens: Sequence[int]) -> int:
-        """The free slot whose cache shares the longest prefix with this prompt (then the emptiest)."""
+        """The free slot whose cache shares the longest prefix with this prompt; then, with a prompt
+        cache to keep what it holds, the lowest (llama.cpp runs consecutive sequence ids in one pass,
+        so busy slots packed low batch best), else the emptiest."""
         target = self.engine.target
+        if self._cache:
+            return max(self._free, key=lambda s: (common_prefix_len(target.seq(s).tokens, tokens), -s))
         return max(self._free, key=lambda s: (common_prefix_len(target.seq(s).tokens, tokens),
                                               -len(target.seq(s).tokens)))
 
+    def _stash(self, slot: int, tokens: Sequence[int], spare: int | None) -> None:
+        """Before the slot is reused, keep what it holds in the prompt cache (its least recently used
+        sequence but `spare`) when the new prompt would overwrite MIN_SHARED_PREFIX tokens or more
+        that no other sequence holds."""
+        target = self.engine.target
+        held = list(target.seq(slot).tokens)
+        dest = next((c for c in self._cache if c != spare), None)
+        if dest is None or len(held) - common_prefix_len(held, tokens) < MIN_SHARED_PREFIX:
+            return
+        if any(common_prefix_len(target.seq(s).tokens, held) == len(held) for s in range(self.engine.n_seq) if s != slot):
+            return
+        target.seq(dest).copy_prefix(target.seq(slot), len(held))
+        self._used(dest)
+        self.metrics.prompt_cache_saved.inc()
+
+    def _used(self, seq: int) -> None:
+        if seq in self._cache:
+            self._cache.remove(seq)
+            self._cache.append(seq)
+
     def _share_prefix(self, slot: int, tokens: Sequence[int]) -> None:
-        """When another slot (free or busy) holds a longer prefix of this prompt than the chosen one,
-        copy that prefix's KV instead of reading it again (the same system prompt, document or file
-        sent by several clients)."""
+        """When another sequence (a slot, free or busy, or the prompt cache) holds a longer prefix of
+        this prompt than the chosen slot, copy that prefix's KV instead of reading it again (the
+        same system prompt, document or file sent by several clients, or sent again). What the
+        slot held goes to the prompt cache first."""
         target = self.engine.target
         own = common_prefix_len(target.seq(slot).tokens, tokens[:-1])
-        donors = [(common_prefix_len(target.seq(s).tokens, tokens[:-1]), s) for s in range(self.n_slots) if s != slot]
+        donors = [(common_prefix_len(target.seq(s).tokens, tokens[:-1]), s) for s in range(self.engine.n_seq) if s != slot]
         n, donor = max(donors, default=(0, slot))
-        if n >= own + MIN_SHARED_PREFIX:
+        useful = n >= own + MIN_SHARED_PREFIX
+        self._stash(slot, tokens, donor if useful else None)
+        if useful:
             target.seq(slot).copy_prefix(target.seq(donor), n)
             self.metrics.shared_prefix_tokens.inc(n - own)
+            self._used(donor)
 
     def _step(self) -> None:
         active = self._active

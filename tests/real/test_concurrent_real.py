@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgespec.backend.model import LoadParams
@@ -208,5 +209,26 @@ def test_a_prefix_copied_from_another_sequence_decodes_as_if_read(model_path):
         out = [e.token for e in copied.generate(prompt, 16)]
         assert copied.stats.prompt_cached == len(doc)
         assert out == read
+    finally:
+        engine.close()
+
+
+def test_one_decode_of_several_sequences_is_the_same_in_any_part_order(model_path):
+    """decode_parts lays a batch out in sequence order (llama.cpp runs consecutive sequence ids of a
+    batch in one pass): the parts' order changes neither the logits nor which rows each part gets."""
+    params = LoadParams(n_ctx=256, n_threads=2, n_seq=3)
+    engine = Engine(EngineConfig(model_path(SMALL), params, spec=SpecConfig(mode="off"), n_seq=3))
+    try:
+        m = engine.target
+        texts = [m.tokenize(t, special=False) for t in ("The sky is", "One, two, three,", "def add(a, b):")]
+        runs = []
+        for order in ((0, 1, 2), (2, 0, 1)):
+            m.reset()
+            outs = m.decode_parts([(m.seq(i), texts[i], range(len(texts[i]))) for i in order])
+            runs.append({i: np.array(o) for i, o in zip(order, outs)})
+        for i in range(3):
+            assert runs[0][i].shape == (len(texts[i]), m.n_vocab)
+            assert np.array_equal(runs[0][i], runs[1][i])
+        assert not np.array_equal(runs[0][0][-1], runs[0][1][-1])
     finally:
         engine.close()

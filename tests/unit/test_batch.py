@@ -194,6 +194,22 @@ def test_drafts_shrink_as_the_batch_fills_and_stop_where_batching_already_pays()
     assert c.choose("sure", 0.0, 16, load=Load((1,) * 7, 7.0)).k >= 8
 
 
+def test_a_prompt_chunk_in_the_step_does_not_make_drafts_look_cheap():
+    # a 64-token prompt chunk in the same pass is work done anyway: judged against it, a few more
+    # rows looked nearly free; judged against the decode rows' own pass they are what they are
+    cost = CostModel(verify={k: 1 + 0.3 * (k - 1) for k in range(2, 140)})
+    for others in (1, 3, 7):
+        c = Controller(cost, k_max=16)
+        c.estimate("x", 0.8)
+        bare = c.choose("x", 0.0, 16, load=Load((1,) * others, float(others)))
+        beside = c.choose("x", 0.0, 16, load=Load((1,) * others, float(others), prompt_rows=(64,)))
+        assert beside.k <= bare.k
+    assert beside.k == 0
+    # the chunk still counts in the rows the batch holds (the batch size limit)
+    assert Load((1, 1), 2.0, prompt_rows=(64,)).rows == 66
+    assert Load(prompt_rows=(64,)).expecting(2).plus(3, 2.5) == Load((1, 1, 3), 4.5, prompt_rows=(64,))
+
+
 def test_batcher_row_budget_is_never_exceeded():
     eng = engine(4, n_batch=24)
     ps = prompts(4)
@@ -230,3 +246,18 @@ def test_with_nobody_decoding_a_step_reads_a_whole_batch_of_prompt():
     eng.batcher.step([a, b])
     first = eng.target.batches[0]
     assert sum(n for _, n, _ in first) == 256  # not PREFILL_CHUNK: no stream is waiting on tokens
+
+
+def test_with_nobody_decoding_short_prompts_are_read_whole_before_a_long_one():
+    eng = engine(3, n_batch=256)
+    rng = np.random.default_rng(6)
+    long, short, shorter = ([int(t) for t in rng.integers(2, VOCAB, size=n)] for n in (600, 90, 40))
+    eng.target.reset()
+    decs = [eng.decoder(GREEDY, seq=i) for i in range(3)]
+    for d, p in zip(decs, (long, short, shorter)):  # the long one came first
+        d.start(p, 4)
+    eng.batcher.step(decs)
+    assert sorted(n for _, n, _ in eng.target.batches[0]) == [39, 89]  # whole; the long one waits
+    assert decs[0].prefill_left == 599 and not decs[1].prefill_left and not decs[2].prefill_left
+    eng.batcher.step(decs)  # now two decode: the long prompt is read a chunk at a time beside them
+    assert decs[0].prefill_left == 599 - min(PREFILL_CHUNK, 256 - 2)

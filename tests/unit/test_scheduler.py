@@ -159,6 +159,60 @@ def test_a_request_goes_to_the_slot_holding_its_prefix():
     run(main())
 
 
+DOC = "a long document, read once: " + "z" * 60
+OTHER = "something else entirely, " + "q" * 30
+
+
+def serve_in_turn(texts, *, n_seq: int, slots: int):
+    """Each text in turn (one finished before the next is sent); the fake model's KV copies and the
+    responses' stats."""
+    async def main():
+        engine = FakeEngine(n_seq=n_seq)
+        s = Scheduler(engine, max_queue=8, slots=slots)
+        finals = []
+        try:
+            for text in texts:
+                j = job(text)
+                s.submit(j)
+                finals.append((await drain(j))[-1])
+        finally:
+            s.shutdown()
+            s.join(10)
+        return engine.target.copies, finals
+
+    return run(main())
+
+
+def test_a_reused_slots_prompt_is_kept_in_the_prompt_cache():
+    """One slot, two cache sequences: the document's KV outlives its slot serving another request
+    and is copied back when the document is sent again, not read again; each slot's content goes to
+    the least recently used cache sequence, never to the one about to be copied from."""
+    copies, finals = serve_in_turn([DOC, OTHER, DOC + " again?", OTHER + " too"], n_seq=3, slots=1)
+    assert [c[:2] for c in copies] == [
+        (0, 1),  # OTHER takes the slot: the document (and its answer) go to cache sequence 1
+        (0, 2), (1, 0),  # the document again: OTHER goes to 2 (1 is the donor), the document comes back
+        (0, 1), (2, 0),  # OTHER again: the slot's content goes to 1 (2 is the donor), OTHER comes back
+    ]
+    assert copies[2][2] >= len(DOC) and finals[2].stats.prompt_cached >= len(DOC)
+    assert copies[4][2] >= len(OTHER) and finals[3].stats.prompt_cached >= len(OTHER)
+    assert finals[1].stats.prompt_cached == 0
+
+
+def test_the_prompt_cache_keeps_nothing_twice():
+    """With one cache sequence that is the donor, nothing can be kept; and a slot whose content the
+    cache already holds is reused without a copy."""
+    copies, finals = serve_in_turn([DOC, OTHER, DOC, OTHER], n_seq=2, slots=1)
+    assert [c[:2] for c in copies] == [(0, 1), (1, 0)]
+    assert finals[2].stats.prompt_cached >= len(DOC) - 1
+    assert finals[3].stats.prompt_cached == 0  # OTHER could not be kept: the only cache sequence was the donor
+
+
+def test_slots_are_at_most_the_engines_sequences():
+    import pytest
+    with pytest.raises(ValueError):
+        Scheduler(FakeEngine(n_seq=2), max_queue=1, slots=3)
+
+
 def test_metrics_parse_and_match_the_responses_stats():
     async def main():
         engine = FakeEngine(n_seq=2)
