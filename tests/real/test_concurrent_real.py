@@ -115,6 +115,34 @@ def test_seeded_sampling_and_a_cancelled_neighbour_do_not_change_a_request():
         assert server.stop() == 0, server.output()
 
 
+DOCUMENT = ("Here is a list of the planets in order from the sun: Mercury, Venus, Earth, Mars, Jupiter, "
+            "Saturn, Uranus, Neptune. Mercury is the smallest and Jupiter the largest. ") * 3
+
+
+def test_a_document_whose_slot_served_another_request_comes_back_from_the_prompt_cache():
+    """One slot: the document's KV is kept in the prompt cache while the slot answers something
+    else, and the document sent again is copied back (cached_tokens) and answered token for token as
+    the first time (exact kernels); with --prompt-cache 0 it is read again."""
+    doc_q = DOCUMENT + "Which planet is third?"
+    for cache, kept in (("1", True), ("0", False)):
+        server = Server("-m", SMALL, "-t", "1", "--exact", "-np", "1", "--prompt-cache", cache).wait_ready()
+        try:
+            first = ask(server, doc_q)
+            ask(server, "Write a haiku about the sea.")
+            again = ask(server, doc_q)
+            cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+            saves = total(metric_totals(server), "edgespec_prompt_cache_saves_total")
+            if kept:
+                assert cached >= first["usage"]["prompt_tokens"] - 1, cached
+                assert text(again) == text(first)
+                assert saves >= 1
+            else:
+                assert cached < first["usage"]["prompt_tokens"] // 4, cached  # the chat template's head at most
+                assert saves == 0
+        finally:
+            assert server.stop() == 0, server.output()
+
+
 def test_a_better_priority_waiting_behind_a_full_server_is_admitted_first():
     server = Server("-m", SMALL, "-t", "1", "-np", "1", "--queue", "4").wait_ready()
     try:
