@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 
 if TYPE_CHECKING:  # the cost model's home imports timing; config stays a leaf module
     from .costs import CostModel
@@ -106,6 +106,13 @@ def parse_rpc(text: str | None) -> tuple[str, ...]:
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def require_at_least_one(flag: str, value: int | None) -> None:
+    """The library's own guard for a count its callers pass (the CLI's Click types refuse it first,
+    with the same words): an InputError, as for any unusable input to a generation."""
+    if value is not None and value < 1:
+        raise InputError(f"{flag} must be >= 1 (got {value})")
 
 
 @dataclass(frozen=True)

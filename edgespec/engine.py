@@ -11,7 +11,7 @@ from typing import Iterator, Sequence
 
 from .backend.model import LlamaModel, LoadParams
 from .batch import Batcher
-from .config import DraftLimits, Mode, SpecConfig
+from .config import DraftLimits, Mode, SpecConfig, require_at_least_one
 from .compat import Pairing, TokenMap, pair_vocabularies
 from .controller import Controller
 from .costs import CostModel
@@ -195,8 +195,7 @@ class Engine:
         mode: str | None = None,
         decoder: SpeculativeDecoder | None = None,
     ) -> Iterator[Chunk | Final]:
-        if max_tokens < 1:
-            raise InputError(f"--max-tokens must be >= 1 (got {max_tokens})")
+        require_at_least_one("--max-tokens", max_tokens)
         if len(prompt) >= self.target.n_ctx:
             raise ContextError(
                 f"the prompt is {len(prompt)} tokens but the context holds {self.target.n_ctx}; "

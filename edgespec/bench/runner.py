@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from ..config import Mode
+from ..config import Mode, require_at_least_one
 from ..errors import InputError
 from ..generate import Final
 from ..sampling import SamplingConfig
@@ -99,10 +99,8 @@ def run_bench(
     warmup: bool = True,
     on_event: Report | None = None,
 ) -> BenchResult:
-    if repeats < 1:
-        raise InputError(f"--repeats must be >= 1 (got {repeats})")
-    if max_tokens is not None and max_tokens < 1:
-        raise InputError(f"--max-tokens must be >= 1 (got {max_tokens})")
+    require_at_least_one("--repeats", repeats)
+    require_at_least_one("--max-tokens", max_tokens)
     if not prompts:
         raise InputError("no prompts to run")
     modes, skipped = runnable_modes(list(modes), engine.draft is not None)
