@@ -645,7 +645,7 @@ def _alternatives(request: _Request, best: _Joint, fixed_ctx: bool) -> list[str]
     if request.draft is not None and request.place(best.n_ctx, with_draft=False).feasible:
         options.append(f"running {request.target.name} without the draft model")
     if request.n_seq > 1:
-        options.append("fewer parallel sequences (--parallel)")
+        options.append("fewer parallel sequences (--parallel, or serve's --prompt-cache)")
     options.append(_smaller_quant(request.target, best, _usable(request.budget)))
     return options
 
