@@ -123,16 +123,26 @@ def kernel_kind(kw) -> str:
     return "exact" if kw.get("exact") else "fast"
 
 
+def resolve(kw, spec: SpecConfig) -> session.Resolved:
+    """Resolve the models (downloading if needed) and plan them; nothing is loaded or said yet."""
+    return session.resolve(load_config(kw, spec), spec, progress=RichProgress(stderr_console()),
+                           kernels=kernel_kind(kw))
+
+
+def report(resolved: session.Resolved) -> None:
+    """The plan's warnings and the resolution's notes, on stderr."""
+    err = stderr_console()
+    for w in resolved.plan.warnings + resolved.warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    for note in resolved.notes:
+        err.print(note, markup=False, highlight=False)
+
+
 def open_engine(kw, spec: SpecConfig, *, quiet: bool = False):
     """Resolve (downloading if needed), plan and load; warnings go to stderr."""
-    err = stderr_console()
-    resolved = session.resolve(load_config(kw, spec), spec, progress=RichProgress(err),
-                       kernels=kernel_kind(kw))
+    resolved = resolve(kw, spec)
     if not quiet:
-        for w in resolved.plan.warnings + resolved.warnings:
-            err.print(f"[yellow]warning:[/] {w}")
-        for note in resolved.notes:
-            err.print(note, markup=False, highlight=False)
+        report(resolved)
     return resolved, session.open_engine(resolved, spec, exact=kw["exact"])
 
 

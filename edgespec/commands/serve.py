@@ -10,10 +10,11 @@ from urllib.parse import urlsplit
 
 import click
 
+from .. import session
 from ..config import MAX_PARALLEL
 from ..errors import ConfigError, PlanError
 from ..render import stderr_console
-from .options import model_options, open_engine, sampling_config, sampling_options, spec_config
+from .options import model_options, report, resolve, sampling_config, sampling_options, spec_config
 from .root import CONTEXT, cli
 
 # Like llama-server's -np default: four users served together get most of what batching gives on
@@ -29,21 +30,38 @@ def served_name(choice_target: str, target_path: Path) -> str:
 
 
 def _open_slots(kw, spec, parallel: int | None, cache: int | None):
-    """Load with --parallel slots and --prompt-cache sequences beside them; by default
-    DEFAULT_PARALLEL slots and as many cache sequences, fewer when they do not fit in memory (the
-    cache goes first). Returns (resolved, engine, slots)."""
+    """Plan --parallel slots (by default DEFAULT_PARALLEL, or as many as fit in memory) and the
+    --prompt-cache sequences beside them, then load. The default cache is as many sequences as
+    slots, and only when it costs the slots nothing: the same context and the same layers on the
+    GPU as without it (the plan would otherwise shrink the context or move layers to the CPU to make
+    room for it). Returns (resolved, engine, slots)."""
     n = parallel or DEFAULT_PARALLEL
     while True:
-        extra = n if cache is None else cache
         try:
-            return (*open_engine({**kw, "parallel": n + extra}, spec), n)
+            chosen = resolve({**kw, "parallel": n}, spec)
+            break
         except PlanError:
-            if cache is None and extra:
-                cache = 0  # the default cache does not fit: serve without it before serving fewer
-                continue
             if parallel or n == 1:
                 raise  # the one-line refusal names the memory, the sequences and what to try
             n -= 1
+    extra = n if cache is None else cache
+    if extra:
+        try:
+            cached = resolve({**kw, "parallel": n + extra}, spec)
+        except PlanError:
+            if cache is not None:
+                raise
+        else:
+            if cache is not None or _costs_nothing(cached.plan, chosen.plan):
+                chosen = cached
+    report(chosen)
+    return chosen, session.open_engine(chosen, spec, exact=kw["exact"]), n
+
+
+def _costs_nothing(with_cache, without) -> bool:
+    def placed(p):
+        return (p.n_ctx, p.target.n_gpu_layers, p.draft.n_gpu_layers if p.draft else None)
+    return placed(with_cache) == placed(without)
 
 
 class OriginType(click.ParamType):
@@ -88,7 +106,7 @@ class HostNameType(click.ParamType):
                    "fit in memory with their KV cache).")
 @click.option("--prompt-cache", "prompt_cache", type=click.IntRange(0, MAX_PARALLEL), default=None,
               help="Finished requests' prompts kept for reuse, as KV sequences beside the slots "
-                   "(default: as many as --parallel, none when they do not fit; 0: off).")
+                   "(default: as many as --parallel when that costs the slots no context or GPU layers; 0: off).")
 @click.option("--queue", "max_queue", type=click.IntRange(0, 4096), default=8, show_default=True,
               help="Requests that may wait for a free slot; beyond that: 503 with Retry-After.")
 @click.option("--priority", "default_priority", type=int, default=0, show_default=True,
