@@ -231,8 +231,8 @@ class Controller:
         With `load` (the other sequences of the batch), the throughput judged is the whole batch's:
         (load.tokens + E(K)) / (load.draft_cost + K c + cost of the batch with K + 1 more rows),
         against K = 0; the step's prompt chunks change what the K rows add to the pass, not the
-        base they are judged against. Without it (one sequence) this is E(K) / (K c + v(K + 1)) against plain
-        decoding's 1."""
+        base they are judged against. Without it (one sequence) this is E(K) / (K c + v(K + 1))
+        against plain decoding's 1."""
         depth = depth or 0
         alpha = self.capped_alpha(key, prior)
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
