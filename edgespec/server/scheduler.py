@@ -9,8 +9,9 @@ reuses its KV. The engine may hold more sequences than slots: the extra ones are
 slot about to be reused first copies what it holds into the least recently used of them, so a
 document or file whose slot has since served someone else is not read again when it comes back
 (llama-server keeps a RAM prompt cache for the same reason). Each step, `engine.batcher` gives
-every slot still reading its prompt a chunk of it and every decoding slot its round, all in one target pass; each slot's tokens go through its own
-`TextStream` (stop strings, UTF-8) to its job's asyncio queue (`Started`, `Chunk`s, then `Final` or
+every slot still reading its prompt a chunk of it and every decoding slot its round, all in one
+target pass; each slot's tokens go through its own `TextStream` (stop strings, UTF-8) to its job's
+asyncio queue (`Started`, `Chunk`s, then `Final` or
 `Failed`). A job cancelled while queued leaves the queue at once; one cancelled in a slot (client
 gone) or a shutdown ends at the next step, within one prompt chunk, its slot's KV kept as a prefix
 of what it emitted.
@@ -261,10 +262,11 @@ class Scheduler:
         cache to keep what it holds, the lowest (llama.cpp runs consecutive sequence ids in one pass,
         so busy slots packed low batch best), else the emptiest."""
         target = self.engine.target
-        if self._cache:
-            return max(self._free, key=lambda s: (common_prefix_len(target.seq(s).tokens, tokens), -s))
-        return max(self._free, key=lambda s: (common_prefix_len(target.seq(s).tokens, tokens),
-                                              -len(target.seq(s).tokens)))
+
+        def then(s: int) -> int:
+            return -s if self._cache else -len(target.seq(s).tokens)
+
+        return max(self._free, key=lambda s: (common_prefix_len(target.seq(s).tokens, tokens), then(s)))
 
     def _stash(self, slot: int, tokens: Sequence[int], spare: int | None) -> None:
         """Before the slot is reused, keep what it holds in the prompt cache (its least recently used
