@@ -8,12 +8,19 @@ no models.toml of the user's, no saved profile, nothing left behind. Its models/
 caller's model cache (what `scripts/test` pulled into the caller's EDGESPEC_HOME), so the real
 suites find the models there without downloading them again, and a model missing from that
 cache is fetched into it once, not into the temporary home.
+
+The session also starts its children with SIGINT, SIGTERM and SIGHUP handled as by default. edgespec
+keeps ignoring a signal it was started told to ignore (`nohup edgespec serve` must survive a
+hang-up), and an ignored signal is inherited through fork and exec: a runner started under nohup
+(SIGHUP ignored) or in a background shell (SIGINT ignored) would otherwise hand that to every
+child the signal tests send it to, and those tests would see a child that rightly ignores it.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -36,8 +43,16 @@ SHARED_MODELS: Path = paths.models_dir()
 _HOME: Path | None = None
 
 
+# What a child would be started with, per signal, had the runner passed no ignore on: SIGINT stays
+# Python's own handler here (children start with the default), the others the default.
+_DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}
+
+
 def pytest_configure(config):
     global _HOME
+    for sig, handler in _DEFAULTS.items():
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, handler)
     for name in [n for n in os.environ if n.startswith("EDGESPEC_") and n not in TEST_KNOBS]:
         del os.environ[name]
     _HOME = Path(tempfile.mkdtemp(prefix="edgespec-test-home-"))

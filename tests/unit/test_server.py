@@ -628,9 +628,11 @@ def test_stop_signals_never_raise_and_reach_every_listener():
         os.kill(os.getpid(), signal.SIGINT)  # before anyone listens: replayed to the listener
         wait_until(lambda: len(signals.received) == 1)
         signals.listen(heard.append)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+        # One at a time: the kernel keeps one pending signal of a kind, so a second SIGINT sent
+        # before the handler ran for the first merges with it (on a busy machine it often does).
+        for n, sig in enumerate((signal.SIGINT, signal.SIGTERM, signal.SIGINT), start=2):
             os.kill(os.getpid(), sig)
-        wait_until(lambda: len(signals.received) == 4, "a signal was lost")
+            wait_until(lambda: len(signals.received) == n, f"signal {n} was lost")
     assert heard == [signal.SIGINT, signal.SIGINT, signal.SIGTERM, signal.SIGINT]
     assert signal.getsignal(signal.SIGINT) is before
 

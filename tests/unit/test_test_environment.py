@@ -4,6 +4,7 @@ without the GPU suite."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,31 @@ def test_a_caller_setting_does_not_reach_the_tests(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", str(probe)],
                        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_a_runner_that_ignores_signals_does_not_pass_the_ignore_to_the_tests_children(tmp_path):
+    """Started under nohup and in a background shell (SIGHUP and SIGINT ignored), the session's
+    children still get the signals the real tests send them."""
+    probe = tmp_path / "test_probe.py"
+    probe.write_text(
+        "import signal, subprocess, sys\n"
+        "def test_probe():\n"
+        "    code = 'import signal; print([signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)])'\n"
+        "    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True).stdout\n"
+        "    assert out.strip() == '[False, False, False]', out\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+    def ignoring():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", str(probe)]
+    r = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, preexec_fn=ignoring)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    # the probe can fail: without the session's conftest the ignores reach the child
+    bare = subprocess.run(run[:6] + [str(probe)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          preexec_fn=ignoring)
+    assert bare.returncode != 0 and "[True, True, True]" in bare.stdout
 
 
 def test_scripts_test_refuses_to_leave_the_gpu_suite_out_quietly():
