@@ -221,12 +221,14 @@ class Controller:
 
     def choose(self, key: Key, draft_cost: float, k_cap: int | None = None, *, prior: float | None = None,
                confidence: Sequence[float] | None = None, load: Load | None = None,
-               depth: int | None = None) -> Choice:
+               depth: int | None = None, path: Sequence[tuple[Key, int]] | None = None) -> Choice:
         """The K with the most expected tokens per unit time. `confidence[i]` (when given) scales the
         chance of accepting drafted token i on top of the key's per-token rate: a drafter that knows
         a position is a guess (a learnt edit it has seen made only once) says so there. `depth`: the
         tokens in the target's KV cache before this round's verify batch (costs grow with it; None:
-        not said, read as 0 — a decoder that does not know it gets today's depth-0 costs).
+        not said, read as 0 — a decoder that does not know it gets today's depth-0 costs). `path`:
+        the states the drafted tokens would be drafted in, as (state, tokens) segments from `key`
+        (a copy's run grows along its draft): each token is judged at its own state's rate.
 
         With `load` (the other sequences of the batch), the throughput judged is the whole batch's:
         (load.tokens + E(K)) / (load.draft_cost + K c + cost of the batch with K + 1 more rows),
@@ -253,12 +255,16 @@ class Controller:
         # the measured batch sizes (drafts + 1) are where the cost staircase steps: always compared
         ks = sorted(set(candidate_ks(lo, hi)) | {m - 1 for m in self.cost.sizes() if lo <= m - 1 <= hi})
         gain = None
-        if confidence is not None and any(c < 1.0 for c in confidence[:hi]):
+        rates = self._rates(path, hi) if path is not None else None
+        guessed = confidence is not None and any(c < 1.0 for c in confidence[:hi])
+        if guessed or (rates is not None and any(r != alpha for r in rates)):
             gain = [1.0]  # gain[k]: expected tokens from a k-token draft (the target's own token included)
             p = 1.0
             for i in range(hi):
-                p *= alpha * (confidence[i] if i < len(confidence) else 1.0)
+                a_i = alpha if rates is None or i >= len(rates) else rates[i]
+                p *= a_i * (confidence[i] if confidence is not None and i < len(confidence) else 1.0)
                 gain.append(gain[-1] + p)
+        if guessed:
             # stopping right before a guess is often the best choice: always consider it
             ks = sorted(set(ks) | {i for i, c in enumerate(confidence[:hi]) if c < 1.0 and lo <= i})
         for k in ks:
@@ -270,6 +276,15 @@ class Controller:
             return Choice(0, 1.0)
         return best
 
+    def _rates(self, path: Sequence[tuple[Key, int]], n: int) -> list[float]:
+        """Per drafted token (the first n), the acceptance rate of the state it would be drafted in."""
+        out: list[float] = []
+        for state, length in path:
+            if len(out) >= n:
+                break
+            out.extend([self.capped_alpha(state, getattr(state, "prior", None))] * min(length, n - len(out)))
+        return out
+
     def could_pay(self, draft_cost: float, k_cap: int | None = None, alpha: float = 0.98, gain: float = 1.1,
                   *, depth: int | None = None) -> bool:
         """Whether a near-perfect drafter at this cost would beat plain decoding by `gain`.
@@ -278,6 +293,20 @@ class Controller:
         """
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
         return any(speedup(alpha, k, draft_cost, self.cost, depth or 0) >= gain for k in candidate_ks(1, hi))
+
+    def observe_path(self, segments: Sequence[tuple[Key, int]], accepted: int) -> None:
+        """A round drafted along `segments` ((state, tokens), see choose's `path`) that accepted
+        `accepted` tokens: each state learns from its own tokens, up to the first rejected one."""
+        at = drafted = 0
+        for state, length in segments:
+            if at > accepted:
+                break
+            self.estimate(state, getattr(state, "prior", None)).observe(length, min(length, accepted - at))
+            drafted += min(length, accepted - at + 1)
+            at += length
+        pool = _pool_of(segments[0][0]) if segments else None
+        if pool is not None:  # the pool follows rounds (POOL_DECAY), one observation each
+            self.pooled.setdefault(pool, Acceptance(decay=POOL_DECAY)).observe(drafted, min(accepted, drafted))
 
     def observe(self, key: Key, drafted: int, accepted: int, *, prior: float | None = None) -> None:
         self.estimate(key, prior).observe(drafted, accepted)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, Sequence
+from typing import ClassVar, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -36,17 +36,36 @@ class Model(Protocol):
     def is_eog(self, token: int) -> bool: ...
 
 
+Key = Union[str, "NgramState"]  # what a draft is judged under (controller.Key)
+
+
 @dataclass(frozen=True)
 class Draft:
     tokens: tuple[int, ...]
     source: str  # "ngram" | "draft"
     # The acceptance estimate this draft is judged under: the drafter's name ("draft"), or the
     # state it came from (NgramState) when a drafter has several (see Controller).
-    key: str | NgramState
+    key: Key
     probs: tuple[np.ndarray, ...] | None = None  # q rows; None means a deterministic proposal
     # Per drafted token, how much likelier than the key's rate it is to be accepted (1.0 = as likely;
     # a learnt edit seen made once is a guess). None: all 1.0.
     confidence: tuple[float, ...] | None = None
+    # The states the drafter's copy would be in at each drafted token, as (state, tokens) segments
+    # from the first: a copy grows more likely to go on the longer it has held, so a long draft's
+    # later tokens are judged (and learn) as the longer runs they would be. None: `key` throughout.
+    path: tuple[tuple["NgramState", int], ...] | None = None
+
+    def states(self, n: int) -> list[tuple[Key, int]]:
+        """The (state, tokens) segments covering the first n drafted tokens."""
+        if self.path is None:
+            return [(self.key, n)] if n > 0 else []
+        out, left = [], n
+        for state, length in self.path:
+            if left <= 0:
+                break
+            out.append((state, min(length, left)))
+            left -= length
+        return out
 
     @property
     def prior(self) -> float | None:
@@ -384,17 +403,30 @@ class NgramDrafter:
     def _copy_draft(self, max_len: int) -> Draft:
         start = self._after_queue if self._queue else self.pointer
         tokens, confidence = self.continuation(start, max_len, self._queue)
-        if self.run >= LONG_RUN:
-            kind = "copy"
-        elif self.origin == "copy" and self.prev_run >= LONG_RUN:
+        if self.origin == "copy" and self.prev_run >= LONG_RUN:
             kind = "resume"  # the same long copy, picked up again after an edit
         else:
             kind = self.origin
-        return _ngram(tokens, confidence, NgramState(kind, run_bucket(self.run)))
+        path = copy_path(kind, self.run, len(tokens))
+        return _ngram(tokens, confidence, path[0][0] if path else NgramState(kind, 1), path)
 
 
-def _ngram(tokens: tuple[int, ...], confidence: tuple[float, ...] | None, state: NgramState) -> Draft:
-    return Draft(tokens, "ngram", state, confidence=confidence) if tokens else EMPTY
+def copy_path(kind: str, run: int, n: int) -> tuple[tuple[NgramState, int], ...]:
+    """The states of a copy in state `kind` with `run` tokens held, over its next n tokens (the
+    i-th drafted token is drafted at run + i): "copy" from LONG_RUN on, run buckets as they grow."""
+    out: list[list] = []
+    for r in range(run, run + n):
+        state = NgramState("copy" if r >= LONG_RUN else kind, run_bucket(r))
+        if out and out[-1][0] == state:
+            out[-1][1] += 1
+        else:
+            out.append([state, 1])
+    return tuple((s, k) for s, k in out)
+
+
+def _ngram(tokens: tuple[int, ...], confidence: tuple[float, ...] | None, state: NgramState,
+           path: tuple[tuple[NgramState, int], ...] | None = None) -> Draft:
+    return Draft(tokens, "ngram", state, confidence=confidence, path=path) if tokens else EMPTY
 
 
 def _nearest(ends: list[int], target: int) -> int:

@@ -253,7 +253,7 @@ class SpeculativeDecoder:
             drafted = len(draft.tokens)
             if draft.confidence is not None and n_acc < drafted and draft.confidence[n_acc] < 1.0:
                 drafted = n_acc  # rejected at a guessed edit: the drafter's own record of that edit learns from it, not the state
-            self.controller.observe(draft.key, drafted, n_acc, prior=draft.prior)
+            self.controller.observe_path(draft.states(drafted), n_acc)
             if draft.source == "draft":
                 self.controller.observe_draft(len(draft.tokens), self._draft_s)
         self.controller.observe_verify(batch_rows, verify_s, depth=self._base)
@@ -323,7 +323,7 @@ class SpeculativeDecoder:
             proposal = self.ngram.propose(ctx, min(k_cap, c.k_max))
             if proposal.tokens:
                 choice = c.choose(proposal.key, 0.0, len(proposal.tokens), prior=proposal.prior,
-                                  confidence=proposal.confidence, load=load, depth=depth)
+                                  confidence=proposal.confidence, load=load, depth=depth, path=proposal.path)
                 if choice.k == 0:
                     self._start_shadow(ctx, proposal)
                 else:
@@ -376,7 +376,7 @@ class SpeculativeDecoder:
         n = common_prefix_len(tokens, seen)
         if n < len(tokens) and n == len(seen):
             return  # still unfolding
-        self.controller.observe(proposal.key, len(tokens), n, prior=proposal.prior)
+        self.controller.observe_path(proposal.states(len(tokens)), n)
         self._shadow = None
 
     def _settle(self, ctx: list[int]) -> None:

@@ -103,3 +103,27 @@ def test_a_drafter_state_is_judged_no_higher_than_the_drafters_recent_record():
     for _ in range(4):
         ctl.observe(NgramState("copy", 16), 8, 8, prior=0.96)
     assert ctl.pooled["ngram"].alpha > 0.85
+
+
+def test_a_draft_whose_run_grows_into_a_long_copy_is_judged_at_each_tokens_own_state():
+    ctl = Controller(CPU, k_max=16, learn_timing=False)
+    weak, strong = NgramState("find", 8), NgramState("copy", 16)
+    alone = ctl.choose(weak, 0.0, 16, prior=0.5)
+    growing = ctl.choose(weak, 0.0, 16, prior=0.5, path=[(weak, 2), (strong, 14)])
+    # past the first two tokens the copy would be a long one (prior 0.96): more is expected of a long draft
+    assert growing.expected_tokens > alone.expected_tokens and growing.k >= alone.k
+    same = ctl.choose(weak, 0.0, 16, prior=0.5, path=[(weak, 16)])
+    assert same == alone  # a path of the key alone changes nothing
+
+
+def test_a_round_along_a_path_teaches_each_state_its_own_tokens_up_to_the_first_rejected():
+    ctl = Controller(CPU, k_max=16, learn_timing=False)
+    a, b, c = NgramState("find", 4), NgramState("find", 8), NgramState("copy", 16)
+    ctl.observe_path([(a, 4), (b, 8), (c, 4)], accepted=6)  # rejected at the 7th: b's third token
+    assert (ctl.acceptance[a].successes, ctl.acceptance[a].failures) == (4, 0)
+    assert (ctl.acceptance[b].successes, ctl.acceptance[b].failures) == (2, 1)
+    assert c not in ctl.acceptance  # never reached
+    pool = ctl.pooled["ngram"]
+    assert pool.rounds == 1 and (pool.successes, pool.failures) == (6, 1)  # one round for the pool
+    ctl.observe_path([(a, 4), (b, 8)], accepted=12)
+    assert ctl.acceptance[b].failures == pytest.approx(0.9) and ctl.pooled["ngram"].rounds == 2

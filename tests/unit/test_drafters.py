@@ -7,7 +7,7 @@ import pytest
 
 from edgespec.controller import Controller
 from edgespec.costs import CostModel
-from edgespec.drafters import PRIORS, NgramDrafter, NgramState, run_bucket
+from edgespec.drafters import PRIORS, NgramDrafter, NgramState, copy_path, run_bucket
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder
 
@@ -57,6 +57,20 @@ def test_a_verbatim_copy_earns_long_drafts_as_the_run_grows():
     assert keys[0] == NgramState("find", 1)
     assert NgramState("copy", 16) in keys and NgramState("copy", 32) in keys
     assert d.run == 39  # the last token is seen at the next proposal
+
+
+def test_a_copy_draft_says_which_state_each_of_its_tokens_would_be_drafted_in():
+    # a find 5 tokens in: tokens at runs 5-7 are find/r4, 8-15 find/r8, from 16 on the copy is long
+    assert copy_path("find", 5, 20) == ((NgramState("find", 4), 3), (NgramState("find", 8), 8),
+                                        (NgramState("copy", 16), 9))
+    assert copy_path("copy", 40, 30) == ((NgramState("copy", 32), 24), (NgramState("copy", 64), 6))
+    d = NgramDrafter()
+    props = follow(d, PROMPT, SOURCE[:10])
+    last = props[-1]  # 9 tokens copied: a find at run 9
+    assert last.key == NgramState("find", 8) and last.path[0] == (NgramState("find", 8), 7)
+    assert sum(n for _, n in last.path) == len(last.tokens)
+    assert last.states(10) == [(NgramState("find", 8), 7), (NgramState("copy", 16), 3)]
+    assert last.states(0) == []
 
 
 def test_after_a_substitution_the_copy_resumes_at_once():

@@ -46,9 +46,10 @@ class Recording(Controller):
         self.emitted = emitted
         self.observed: list[tuple[str, int, int, int]] = []  # (key, drafted, accepted, emitted so far)
 
-    def observe(self, key, drafted, accepted, *, prior=None):
-        self.observed.append((key, drafted, accepted, len(self.emitted)))
-        super().observe(key, drafted, accepted, prior=prior)
+    def observe_path(self, segments, accepted):
+        # a round: the state it was proposed in, the tokens it would have drafted, those that matched
+        self.observed.append((segments[0][0], sum(n for _, n in segments), accepted, len(self.emitted)))
+        super().observe_path(segments, accepted)
 
 
 def decoder(step: int, emitted: list[int]) -> SpeculativeDecoder:
