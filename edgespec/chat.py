@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from .errors import InputError
-from .generate import Chunk, Final, GenerationStats
+from .generate import Chunk, Final, GenerationStats, interrupt
 from .sampling import SamplingConfig
 from .template import ROLES, Message
 
@@ -162,7 +162,7 @@ class ChatSession:
                 yield item
                 if not stopping and stop_requested():
                     stopping = True
-                    item = _interrupt(stream)
+                    item = interrupt(stream)
                 else:
                     item = next(stream, None)
         except BaseException:  # the consumer closed us, a hard Ctrl-C, or an engine error
@@ -289,14 +289,6 @@ class ChatSession:
     def drop_cache(self) -> None:
         """Forget the models' KV caches (after a hard interrupt they may not match their token lists)."""
         self.engine.reset()
-
-
-def _interrupt(stream) -> Chunk | Final | None:
-    """Ask the stream to stop where it is paused; it settles its caches and returns the rest."""
-    try:
-        return stream.throw(KeyboardInterrupt())
-    except (KeyboardInterrupt, StopIteration):  # it was already past its last token
-        return None
 
 
 def _message_json(m: ChatMessage) -> dict:

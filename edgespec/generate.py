@@ -223,6 +223,16 @@ def stream(
     yield from text.finish(stats(), mode, finish)
 
 
+def interrupt(chunks: Iterator[Chunk | Final]) -> Chunk | Final | None:
+    """Ask a paused `stream` to stop where it is, as a Ctrl-C inside it would: it settles its caches
+    and hands back the rest (a held-back chunk, then its Final with finish_reason "interrupted").
+    For a Ctrl-C that lands in the consumer, between two items. None: it was already past its end."""
+    try:
+        return chunks.throw(KeyboardInterrupt())
+    except (KeyboardInterrupt, StopIteration):
+        return None
+
+
 def complete(chunks: Iterable[Chunk | Final]) -> Final:
     """Drain a stream; return its Final."""
     final = None

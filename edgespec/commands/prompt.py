@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..errors import InputError
-from ..generate import Chunk, Final
+from ..generate import Chunk, Final, interrupt
 from ..render import stderr_console, stdout_console
 from ..render.common import footer, print_stale_notice, styled
 from ..template import Message
@@ -58,12 +58,21 @@ def prompt(text, system, raw, as_json, quiet, show_drafts, **kw):
             messages = ([Message("system", system)] if system else []) + [Message("user", text)]
             tokens = engine.chat_tokens(messages)
         final = None
-        for item in engine.stream(tokens, sampling, max_tokens=kw["max_tokens"], stop=kw["stop"]):
-            if isinstance(item, Chunk) and not as_json:
-                out.print(styled(item.text, item.sources, show_drafts), end="")
-                out.file.flush()
-            elif isinstance(item, Final):
-                final = item
+        chunks = engine.stream(tokens, sampling, max_tokens=kw["max_tokens"], stop=kw["stop"])
+        item = next(chunks, None)
+        while item is not None:
+            try:
+                if isinstance(item, Chunk) and not as_json:
+                    out.print(styled(item.text, item.sources, show_drafts), end="")
+                    out.file.flush()
+                elif isinstance(item, Final):
+                    final = item
+                item = next(chunks, None)
+            except KeyboardInterrupt:
+                # Ctrl-C while a chunk was being printed: the same end as one during decoding
+                item = interrupt(chunks)
+                if item is None:
+                    raise
     if as_json:
         click.echo(json.dumps({"text": final.text, "finish_reason": final.finish_reason, "stats": final.stats.to_json()}))
         if final.finish_reason == "interrupted":

@@ -72,10 +72,29 @@ class FakeEngine:
         events = dec.generate(tokens, max_tokens)
         if self.interrupt_after is not None:
             events = _interrupt(events, self.interrupt_after)
-        for item in generate.stream(events, lambda t: LETTERS[t].encode(), lambda: dec.stats, mode=spec_mode, stop=stop):
+        return _recorded(generate.stream(events, lambda t: LETTERS[t].encode(), lambda: dec.stats, mode=spec_mode,
+                                         stop=stop), self.chunks)
+
+
+def _recorded(inner, chunks):
+    """`inner`'s items, its chunks noted in `chunks`. What is thrown in reaches `inner`, as it does
+    the real Engine.stream's, which is generate.stream's generator itself."""
+    try:
+        item = next(inner)
+        while True:
             if isinstance(item, generate.Chunk):
-                self.chunks.append(item)
-            yield item
+                chunks.append(item)
+            try:
+                yield item
+            except GeneratorExit:
+                inner.close()
+                raise
+            except BaseException as exc:
+                item = inner.throw(exc)
+            else:
+                item = next(inner)
+    except StopIteration:
+        return
 
 
 def _interrupt(events, n):
@@ -233,6 +252,42 @@ def test_interrupt_mid_answer_with_json_exits_130(cli):
 def _interrupted(cli, *args):
     cli.record.interrupt_after = 5  # the fake decoder raises KeyboardInterrupt before its 6th token
     return cli("prompt", "hi", "-m", "m", "--spec", "off", "-n", "50", *args)
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_ctrl_c_while_a_chunk_is_printed_ends_as_one_during_decoding(cli, monkeypatch, quiet):
+    """SIGINT lands wherever the process is; on a busy machine often in the printing of a chunk,
+    outside the stream. It must end the same way: the text so far kept, exit 130, with -q nothing
+    on stderr, else the footer of the interrupted answer (not the error boundary's own line)."""
+    from edgespec.commands import prompt as prompt_command
+
+    real = prompt_command.stdout_console
+    printed = []
+
+    def console():
+        out = real()
+        plain_print = out.print
+
+        def print_(*args, **kw):
+            printed.append(args)
+            if len(printed) == 3:
+                raise KeyboardInterrupt  # Ctrl-C inside Rich, before the third chunk is written
+            plain_print(*args, **kw)
+
+        out.print = print_
+        return out
+
+    monkeypatch.setattr(prompt_command, "stdout_console", console)
+    code, out, err, rec = cli("prompt", "hi", "-m", "m", "--spec", "off", "-n", "50", *(["-q"] if quiet else []))
+    assert code == 130, err
+    text = "".join(c.text for c in rec.engine.chunks)
+    assert 2 <= len(out.strip()) < len(text) and text.startswith(out.strip()[:2])  # stopped early, what it had kept
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and "interrupted" not in lines
+    if quiet:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and "tok/s" in lines[0]  # the footer, of an answer that ended there
 
 
 def test_interrupt_while_loading_exits_130(cli, monkeypatch):
