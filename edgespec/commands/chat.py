@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Protocol
 import click
 
 from ..chat import BLOCK, ChatSession, Notice, SessionTotals
-from .root import CONTEXT, cli
+from .root import CONTEXT, cli, terminations_reach_the_main_thread
 from .options import model_options, open_engine, sampling_config, sampling_options, spec_config
 from ..errors import ContextError, EdgespecError
 from ..generate import Chunk, Final, GenerationStats
@@ -52,7 +52,8 @@ def chat(system, load_file, show_drafts, no_trim, quiet, **kw):
         err.print(banner(resolved.target_path.name, draft, spec.mode, engine.target.n_ctx))
         _line_editing()
         _ctrl_c_on_a_terminal()
-        status = run_repl(session, RichChatView(stdout_console(), err, show_drafts=show_drafts, quiet=quiet))
+        with terminations_reach_the_main_thread():
+            status = run_repl(session, RichChatView(stdout_console(), err, show_drafts=show_drafts, quiet=quiet))
     sys.exit(status)
 
 

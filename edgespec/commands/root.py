@@ -104,6 +104,48 @@ def _terminate_by_exception():
     _restore(old)
 
 
+@contextmanager
+def terminations_reach_the_main_thread():
+    """While the main thread waits in C for something that only a signal interrupts (readline's
+    input() at the chat prompt), SIGTERM or SIGHUP the kernel hands to another thread (llama.cpp's
+    OpenMP workers take them as readily) only marks Python's handler as due: nothing wakes the main
+    thread to run it, and the process waits at the prompt for ever. Python reports every signal on
+    its wakeup fd, whichever thread took it: a watcher thread sends each terminating one on to the
+    main thread itself, once. The second delivery is harmless: before the handler runs it merges
+    with the first, after it the signal is ignored (_on_terminate)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:  # not allowed here: leave things as they are
+        os.close(r)
+        os.close(w)
+        yield
+        return
+    main = threading.main_thread().ident
+
+    def forward():
+        sent = set()  # once each: the one forwarded is reported here too
+        while data := os.read(r, 64):
+            for signum in data:
+                if signum in _TERMINATING and signum not in sent:
+                    sent.add(signum)
+                    signal.pthread_kill(main, signum)
+
+    watcher = threading.Thread(target=forward, name="edgespec-signals", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old)
+        os.close(w)  # the watcher reads the end and stops
+        watcher.join(5)
+        os.close(r)
+
+
 def _restore(old: dict) -> None:
     for sig, handler in old.items():
         signal.signal(sig, handler)
