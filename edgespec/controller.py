@@ -100,6 +100,11 @@ class State(Protocol):
 Key = Union[str, State]
 
 
+def _prior_of(key: Key) -> float | None:
+    """The starting guess a state carries for itself (None: a drafter's name, judged by priors)."""
+    return None if isinstance(key, str) else key.prior
+
+
 def _pool_of(key: Key) -> str | None:
     """The drafter whose pooled record the key's rounds feed (None: a drafter without states)."""
     return None if isinstance(key, str) else key.drafter
@@ -282,7 +287,7 @@ class Controller:
         for state, length in path:
             if len(out) >= n:
                 break
-            out.extend([self.capped_alpha(state, getattr(state, "prior", None))] * min(length, n - len(out)))
+            out.extend([self.capped_alpha(state, _prior_of(state))] * min(length, n - len(out)))
         return out
 
     def could_pay(self, draft_cost: float, k_cap: int | None = None, alpha: float = 0.98, gain: float = 1.1,
@@ -301,7 +306,7 @@ class Controller:
         for state, length in segments:
             if at > accepted:
                 break
-            self.estimate(state, getattr(state, "prior", None)).observe(length, min(length, accepted - at))
+            self.estimate(state, _prior_of(state)).observe(length, min(length, accepted - at))
             drafted += min(length, accepted - at + 1)
             at += length
         pool = _pool_of(segments[0][0]) if segments else None
