@@ -94,6 +94,9 @@ class State(Protocol):
     @property
     def trusted(self) -> bool: ...  # evidence of its own: not capped by the pool
 
+    @property
+    def prior(self) -> float: ...  # its starting acceptance guess (_prior_of)
+
 
 # What a draft is judged under: a drafter's name (one estimate for the drafter, as for the draft
 # model's "draft") or one of its states.
