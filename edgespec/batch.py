@@ -28,9 +28,15 @@ from .speculative import SpeculativeDecoder, TokenEvent
 # waits for the next step: the short ones start decoding after this step instead of after a long
 # prompt's first batch.
 PREFILL_CHUNK = 64
+# CPU kernels multiply weights with rows four at a time (llama.cpp's repacked K-quant GEMM) and each
+# row left over separately, at nearly a single pass's cost: 64 prompt rows + 3 decode rows took 30%
+# longer than 61 + 3. A step that reads a prompt ends its chunk where the rows fill whole tiles.
+ROW_TILE = 4
 
 
 class BatchModel(Protocol):
+    unified_kv: bool  # one KV cache for all sequences (one pass per batch), not a stream each
+
     def decode_parts(self, parts: Sequence[tuple[object, Sequence[int], Sequence[int]]]) -> list[np.ndarray]: ...
 
 
@@ -83,8 +89,9 @@ class Batcher:
         one sequence at a time in whole chunks, so a prompt's chunks (and so its KV) are the same
         whatever else runs."""
         parts = []
-        # with nobody waiting on tokens, a step may read a whole batch of prompt
-        budget = min(self.prefill_chunk, self.n_batch - n_decoding) if n_decoding else self.n_batch
+        # with nobody waiting on tokens, a step may read a whole batch of prompt; otherwise the step
+        # holds PREFILL_CHUNK rows with each decoding sequence's one
+        budget = max(1, min(self.prefill_chunk, self.n_batch) - n_decoding) if n_decoding else self.n_batch
         if self.exact:
             reading = reading[:1]
             budget = self.prefill_chunk
@@ -107,7 +114,7 @@ class Batcher:
     def _verify(self, members, group: list[int], parts: list, events) -> int:
         """Plan each sequence's round seeing what the batch holds (prompt chunks, the rounds planned
         before it, one row for each sequence still to plan); decode them together; apply."""
-        load = Load(prompt_rows=tuple(len(p[1]) for p in parts))
+        load = Load(prompt_rows=tuple(len(p[1]) for p in parts), streams=not self.target.unified_kv)
         alone = len(group) == 1 and not parts
         for n, i in enumerate(group):
             d = members[i]
@@ -119,8 +126,24 @@ class Batcher:
             drafted = d.planned.source == "draft" and bool(d.planned.tokens)
             load = load.plus(len(batch), d.expected_tokens,
                              (len(batch) - 1) * d.controller.cost.draft_cost if drafted else 0.0)
+        parts = self._whole_tiles(parts)
         self._decode(members, parts, events, time.perf_counter())
-        return load.rows
+        return sum(len(p[1]) for p in parts)
+
+    @staticmethod
+    def _whole_tiles(parts: list) -> list:
+        """Shorten the step's prompt chunks (the last first) so its rows fill whole ROW_TILEs; a
+        chunk cut to nothing waits for the next step."""
+        extra = sum(len(p[1]) for p in parts) % ROW_TILE
+        out = []
+        for seq, toks, want, i in reversed(parts):
+            if extra and not want:
+                cut = min(extra, len(toks))
+                toks, extra = toks[: len(toks) - cut], extra - cut
+                if not toks:
+                    continue
+            out.append((seq, toks, want, i))
+        return out[::-1]
 
     def _decode(self, members, parts: list, events, t1: float) -> None:
         outs = self.target.decode_parts([(seq, toks, want) for seq, toks, want, _ in parts])

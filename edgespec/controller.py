@@ -131,12 +131,16 @@ class Load:
     Prompt chunks are work the step does anyway: they shape what a drafted row adds to the pass
     (llama.cpp's split), but their time is not a cost a draft is judged against. Counted in the
     base, a 64-token chunk made every draft in its step look nearly free (a few more rows on a
-    long pass) and the steps that read prompts grew long."""
+    long pass) and the steps that read prompts grew long.
+
+    `streams`: the sequences have a KV stream each, so llama.cpp runs the batch in equal-split
+    passes (ubatch_sizes); False: one unified cache, one pass for all the rows."""
 
     seq_rows: tuple[int, ...] = ()
     tokens: float = 0.0
     draft_cost: float = 0.0
     prompt_rows: tuple[int, ...] = ()
+    streams: bool = True
 
     @property
     def rows(self) -> int:
@@ -151,10 +155,14 @@ class Load:
         return replace(self, seq_rows=(*self.seq_rows, *[1] * later), tokens=self.tokens + later)
 
 
-def ubatch_sizes(seq_rows: Sequence[int]) -> list[int]:
+def ubatch_sizes(seq_rows: Sequence[int], streams: bool = True) -> list[int]:
     """How llama.cpp runs a batch whose sequences each have their own KV stream: in passes where
     every sequence still holding rows adds the same number (its "equal split"). Rows (5, 1, 1, 1)
-    are two passes, of 4 rows and then 4 of the first sequence; equal rows are one pass."""
+    are two passes, of 4 rows and then 4 of the first sequence; equal rows are one pass. In one
+    unified cache (streams False) every batch is one pass."""
+    if not streams:
+        rows = sum(r for r in seq_rows if r > 0)
+        return [rows] if rows else []
     left = sorted(r for r in seq_rows if r > 0)
     sizes, done = [], 0
     for i, r in enumerate(left):
@@ -164,10 +172,10 @@ def ubatch_sizes(seq_rows: Sequence[int]) -> list[int]:
     return sizes
 
 
-def batch_cost(cost: "CostModel", seq_rows: Sequence[int], depth: int = 0) -> float:
+def batch_cost(cost: "CostModel", seq_rows: Sequence[int], depth: int = 0, streams: bool = True) -> float:
     """A multi-sequence batch's cost in single-token passes: the sum of its passes' costs (read
     at one depth: the sequence being planned's)."""
-    return sum(cost.v(n, depth) for n in ubatch_sizes(seq_rows))
+    return sum(cost.v(n, depth) for n in ubatch_sizes(seq_rows, streams))
 
 
 class Controller:
@@ -248,13 +256,14 @@ class Controller:
         hi = self.k_max if k_cap is None else min(self.k_max, k_cap)
         load = load or Load()
         others, spent = load.tokens, load.draft_cost
-        decoding = spent + batch_cost(self.cost, (*load.seq_rows, 1), depth)  # the decode rows' pass alone
+        decoding = spent + batch_cost(self.cost, (*load.seq_rows, 1), depth, load.streams)  # the decode rows' pass alone
         base = (others + 1.0) / decoding
         with_prompts = (*load.prompt_rows, *load.seq_rows)
-        plain = batch_cost(self.cost, (*with_prompts, 1), depth)
+        plain = batch_cost(self.cost, (*with_prompts, 1), depth, load.streams)
 
         def rate(tokens: float, k: int) -> float:
-            added = batch_cost(self.cost, (*with_prompts, k + 1), depth) - plain  # what the draft's rows add to this pass
+            # what the draft's rows add to this pass
+            added = batch_cost(self.cost, (*with_prompts, k + 1), depth, load.streams) - plain
             return (others + tokens) / (decoding + k * draft_cost + added) / base
 
         best = Choice(0, 1.0)

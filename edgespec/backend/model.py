@@ -1,7 +1,8 @@
 """LlamaModel: one loaded GGUF with its own context, over llama-cpp-python's low-level API.
 
-A context holds `n_seq` sequences, each with its own KV stream (attention never mixes them) and
-its own `n_ctx`-token budget. `model.seq(i)` is sequence i as the speculative core sees a model
+A context holds `n_seq` sequences, each with its own `n_ctx`-token budget, in one unified KV
+cache (fast kernels: any mix of sequences' rows is one pass) or a KV stream each (exact kernels:
+a row's attention reads its own sequence's cells only; see LoadParams.unified_kv). `model.seq(i)` is sequence i as the speculative core sees a model
 (`decode`, `trim`, `tokens`, `n_vocab`, `n_ctx`, `is_eog`); the model itself acts as sequence 0.
 `decode_parts` puts the rows of several sequences into one `llama_decode`.
 Everything ctypes stays in this file.
@@ -140,11 +141,22 @@ class LoadParams:
     n_batch: int = 512
     use_mmap: bool = True
     exact: bool = False  # batch-invariant logits (see EXACT_MAX_BATCH): for the target
-    n_seq: int = 1  # sequences in the context, each with n_ctx tokens of its own KV stream
+    n_seq: int = 1  # sequences in the context, each with n_ctx tokens of KV (see unified_kv)
 
     @property
     def fast(self) -> bool:
         return not self.exact
+
+    @property
+    def unified_kv(self) -> bool:
+        """How several sequences share the context's KV cache. With a stream per sequence llama.cpp
+        splits a batch into passes of consecutive sequence ids holding equal rows ("equal split"):
+        rows (8, 4, 2, 1) of four sequences run as four passes. One unified cache runs any mix of
+        sequences' rows as one pass (as llama-server's -kvu), and flash attention skips the other
+        sequences' cells, so the fast kernels use it. Exact kernels keep a stream per sequence: a
+        row's attention then reads only its own sequence's cells, summed the same whatever else is
+        in the batch, which is what makes a request's answer independent of its neighbours."""
+        return self.fast and self.n_seq > 1
 
     def __post_init__(self):
         if self.n_ctx < 16:
@@ -233,11 +245,17 @@ class KVSeq:
 
     def copy_prefix(self, src: "KVSeq", n: int) -> None:
         """Hold src's first n tokens (their KV copied, not recomputed): a prompt another sequence
-        already read. Each sequence has its own KV stream, and llama.cpp copies a whole stream
-        (at the next decode), so the copy is trimmed to the prefix after."""
+        already read. In a unified cache the cells become shared (nothing is copied; what this
+        sequence held is dropped first, as a copy would overwrite it); with a stream per sequence
+        llama.cpp copies the whole stream (at the next decode), trimmed to the prefix after."""
         m = self.model
         if src.model is not m or src is self or not 0 < n <= src.n_past:
             raise BackendError("a KV prefix copies only from another sequence of the same model")
+        if m.unified_kv:
+            self.reset()
+            m._lc.llama_memory_seq_cp(m._mem, src.seq_id, self.seq_id, 0, n)
+            self.tokens = list(src.tokens[:n])
+            return
         m._lc.llama_memory_seq_cp(m._mem, src.seq_id, self.seq_id, -1, -1)
         self.tokens = list(src.tokens)
         self.trim(n)
@@ -303,11 +321,10 @@ class LlamaModel:
     def _create_context(self, lc) -> None:
         p = self.params
         cp = lc.llama_context_default_params()
-        # One KV stream per sequence (kv_unified off): a sequence's attention reads only its own
-        # cells, so what it computes does not depend on the other sequences in the batch.
+        # n_ctx cells per sequence, as one cache or as a stream each (LoadParams.unified_kv)
         cp.n_ctx = p.n_ctx * p.n_seq
         cp.n_seq_max = p.n_seq
-        cp.kv_unified = False
+        cp.kv_unified = p.unified_kv
         cp.n_batch = p.n_batch
         cp.n_ubatch = p.n_batch
         threads = p.n_threads or default_threads()
@@ -325,7 +342,9 @@ class LlamaModel:
                 "(out of memory?); try a smaller --ctx-size or -ctk q8_0"
             )
         self._ctx = ctx
-        self.n_ctx = int(lc.llama_n_ctx_seq(ctx))
+        self.unified_kv = p.unified_kv
+        # a unified cache's llama_n_ctx_seq is the whole cache: each sequence is still held to n_ctx
+        self.n_ctx = p.n_ctx if p.unified_kv else int(lc.llama_n_ctx_seq(ctx))
         self._mem = lc.llama_get_memory(ctx)
         self._batch = lc.llama_batch_init(p.n_batch, 0, 1)
         self._row_bytes = self.n_vocab * 4
@@ -452,7 +471,7 @@ class LlamaModel:
         offsets = [0] * len(parts)
         # In seq-id order: with a KV stream per sequence llama.cpp splits a batch into passes of
         # consecutive seq ids in batch order, so sequences 2, 3, 0, 1 would run as two passes
-        # where 0, 1, 2, 3 is one.
+        # where 0, 1, 2, 3 is one (a unified cache runs any order as one pass).
         for j in sorted(range(len(parts)), key=lambda j: parts[j][0].seq_id):
             s, t, want = parts[j]
             offsets[j] = n

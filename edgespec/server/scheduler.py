@@ -62,8 +62,9 @@ IDLE_POLL_S = 0.02
 
 
 # A prefix another slot holds is copied into a new request's slot when it is this much longer than
-# what that slot holds itself: copying a KV stream is one memory copy, reading a prompt chunk is a
-# batch of target passes, but a few tokens are not worth a whole stream's copy.
+# what that slot holds itself: a copy shares cells of the unified cache (or, with a KV stream per
+# sequence, copies a stream in one go), reading a prompt chunk is a batch of target passes, but a
+# few tokens are not worth a whole stream's copy.
 MIN_SHARED_PREFIX = 16
 
 
@@ -259,8 +260,8 @@ class Scheduler:
 
     def _best_slot(self, tokens: Sequence[int]) -> int:
         """The free slot whose cache shares the longest prefix with this prompt; then, with a prompt
-        cache to keep what it holds, the lowest (llama.cpp runs consecutive sequence ids in one pass,
-        so busy slots packed low batch best), else the emptiest."""
+        cache to keep what it holds, the lowest (with a KV stream per sequence llama.cpp runs
+        consecutive sequence ids in one pass, so busy slots packed low batch best), else the emptiest."""
         target = self.engine.target
 
         def then(s: int) -> int:

@@ -241,6 +241,38 @@ def test_a_prefix_copied_from_another_sequence_decodes_as_if_read(model_path):
         engine.close()
 
 
+def test_a_prefix_shared_in_the_unified_cache_decodes_as_if_read_and_leaves_its_source_whole(model_path):
+    """Default kernels keep all sequences in one KV cache: a copied prefix is the same cells shared,
+    so the copy reads the very K/V its source computed. What the destination held before is
+    dropped, and trimming or overwriting the copy leaves the source's cells alone."""
+    params = LoadParams(n_ctx=512, n_threads=2, n_seq=3)
+    engine = Engine(EngineConfig(model_path(SMALL), params, spec=SpecConfig(mode="off"), n_seq=3))
+    try:
+        m = engine.target
+        assert m.unified_kv
+        greedy = SamplingConfig(temperature=0.0)
+        doc = engine.raw_tokens("Here is a short list of fruits: apple, banana, cherry, date, elderberry, fig.\n")
+        prompt = doc + engine.raw_tokens("The third fruit is")
+        reading = engine.decoder(greedy, seq=0, record_margins=True)
+        read = [e.token for e in reading.generate(prompt, 16)]
+        m.seq(2).decode(engine.raw_tokens("Something else entirely, held before the copy."))
+        m.seq(2).copy_prefix(m.seq(0), len(doc))
+        assert m.seq(2).tokens == doc
+        copied = engine.decoder(greedy, seq=2)
+        out = [e.token for e in copied.generate(prompt, 16)]
+        assert copied.stats.prompt_cached == len(doc)
+        n = next((i for i, (a, b) in enumerate(zip(read, out)) if a != b), None)
+        assert n is None or reading.stats.margins[n] < NEAR_TIE_LOGIT
+        # the source still answers from its own cells after the copy was trimmed and rewritten
+        m.seq(2).trim(3)
+        m.seq(2).decode(engine.raw_tokens("Overwriting the shared part."))
+        again = engine.decoder(greedy, seq=0)
+        assert [e.token for e in again.generate(prompt, 16)] == read
+        assert again.stats.prompt_cached == len(prompt) - 1
+    finally:
+        engine.close()
+
+
 def test_one_decode_of_several_sequences_is_the_same_in_any_part_order(model_path):
     """decode_parts lays a batch out in sequence order (llama.cpp runs consecutive sequence ids of a
     batch in one pass): the parts' order changes neither the logits nor which rows each part gets."""

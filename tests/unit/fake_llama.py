@@ -78,6 +78,7 @@ class FakeLlama:
                  max_exact_batch: int | None = None):
         self.lm = lm or reply_lm(reply.encode())
         self.n_ctx, self.n_batch, self.max_exact_batch = n_ctx, n_batch, max_exact_batch
+        self.unified_kv = max_exact_batch is None and n_seq > 1  # as LoadParams.unified_kv
         self._seqs = [FakeSeq(self, i) for i in range(n_seq)]
         self._buffer = np.zeros((n_batch, VOCAB), dtype=np.float32)
         self.batches: list[list[tuple[int, int, int]]] = []  # per decode: (seq id, rows, logits rows) per part

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.backend.model import LoadParams
-from edgespec.batch import PREFILL_CHUNK, Batcher
+from edgespec.batch import PREFILL_CHUNK, ROW_TILE, Batcher
 from edgespec.config import SpecConfig
 from edgespec.controller import Controller, CostModel, Load, batch_cost, ubatch_sizes
 from edgespec.engine import Engine, EngineConfig
@@ -167,6 +167,58 @@ def test_ubatch_sizes_follow_llamas_equal_split():
     assert batch_cost(cost, [13, 1, 1, 1]) == cost.v(4) + cost.v(12)
 
 
+def test_one_unified_cache_runs_any_mix_of_rows_as_one_pass():
+    assert ubatch_sizes([8, 4, 2, 1], streams=False) == [15]
+    assert ubatch_sizes([0, 0], streams=False) == []
+    cost = CostModel(verify={2: 1.5, 4: 2.0, 12: 5.0, 16: 6.0})
+    assert batch_cost(cost, [13, 1, 1, 1], streams=False) == cost.v(16)
+    # a stream each: the same rows are two passes and cost more, so drafts beside others are dearer
+    assert batch_cost(cost, [13, 1, 1, 1]) > batch_cost(cost, [13, 1, 1, 1], streams=False)
+    c = Controller(CostModel(verify={k: 1 + 0.3 * (k - 1) for k in range(2, 40)}), k_max=16)
+    c.estimate("x", 0.9)
+    split = c.choose("x", 0.0, 16, load=Load((1, 1, 1), 3.0))
+    unified = c.choose("x", 0.0, 16, load=Load((1, 1, 1), 3.0, streams=False))
+    assert unified.k >= split.k and unified.expected_speedup > split.expected_speedup
+
+
+def test_fast_kernels_share_one_kv_cache_and_exact_ones_keep_a_stream_per_sequence():
+    assert LoadParams(n_seq=4).unified_kv
+    assert not LoadParams(n_seq=4, exact=True).unified_kv
+    assert not LoadParams(n_seq=1).unified_kv  # one sequence: nothing to share
+    for exact in (False, True):
+        eng = engine(4, exact=exact)
+        eng.target.reset()
+        decs = [eng.decoder(GREEDY, seq=i) for i in range(4)]
+        seen = []
+        for d, p in zip(decs, prompts(4)):
+            d.start(p, 8)
+            plan = d.plan
+            d.plan = lambda plan=plan, **kw: (seen.append(kw["load"]), plan(**kw))[1]
+        for _ in range(3):
+            eng.batcher.step(decs)
+        # the planner prices each batch as the layout runs it: one pass, or llama.cpp's equal split
+        assert seen and {ld.streams for ld in seen if ld is not None} == {exact}
+
+
+def test_a_step_that_reads_a_prompt_beside_decoding_rows_fills_whole_row_tiles():
+    eng = engine(4, n_batch=512)
+    rng = np.random.default_rng(9)
+    long = [int(t) for t in rng.integers(2, VOCAB, size=700)]
+    eng.target.reset()
+    decs = [eng.decoder(GREEDY, seq=i) for i in range(4)]
+    for i, d in enumerate(decs):
+        d.start(long if i == 0 else prompts(4)[i], 40)
+    for _ in range(12):
+        eng.batcher.step(decs)
+    mixed = [parts for parts in eng.target.batches if any(w == 0 for _, _, w in parts) and any(w for _, _, w in parts)]
+    assert mixed
+    for parts in mixed:
+        rows = sum(n for _, n, _ in parts)
+        assert rows % ROW_TILE == 0 and rows <= PREFILL_CHUNK + 16, parts
+    # what was cut from a chunk is read later, none of it lost
+    assert sum(n for parts in eng.target.batches for s, n, w in parts if s == 0 and not w) >= 699 - decs[0].prefill_left
+
+
 def test_alone_the_choice_is_exactly_the_single_sequence_rule():
     cost = CostModel(verify={k: 1 + 0.3 * (k - 1) for k in range(2, 18)})
     a, b = Controller(cost, k_max=16), Controller(cost, k_max=16)
@@ -260,4 +312,4 @@ def test_with_nobody_decoding_short_prompts_are_read_whole_before_a_long_one():
     assert sorted(n for _, n, _ in eng.target.batches[0]) == [39, 89]  # whole; the long one waits
     assert decs[0].prefill_left == 599 and not decs[1].prefill_left and not decs[2].prefill_left
     eng.batcher.step(decs)  # now two decode: the long prompt is read a chunk at a time beside them
-    assert decs[0].prefill_left == 599 - min(PREFILL_CHUNK, 256 - 2)
+    assert decs[0].prefill_left == 599 - (PREFILL_CHUNK - 2)  # the step holds PREFILL_CHUNK rows in all
