@@ -23,6 +23,11 @@ from .timing import LiveTiming
 POOL_MIN_ROUNDS = 3
 POOL_MARGIN = 0.1
 POOL_DECAY = 0.7  # the pool follows the last few rounds: text turns from prose to a copy quickly
+# A copy draft's chance to hold to its i-th token blends the states' rates along its path with how
+# this answer's earlier copies ended (Controller.choose's `history`): the path counts as this many
+# of the answer's own runs, so a few earlier breaks shade a long bet and many decide it (weights
+# 2 to 16 were compared in the replay harness on five machines' costs: see README).
+HISTORY_WEIGHT = 8.0
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -84,6 +89,14 @@ def candidate_ks(lo: int, hi: int) -> list[int]:
     if hi >= lo and (not grid or grid[-1] != hi):
         grid.append(hi)
     return grid
+
+
+class History(Protocol):
+    """How long a copy has held and how its context's earlier copies ended (drafters.RunHistory)."""
+
+    run: int
+
+    def reaching(self, length: int) -> int: ...  # earlier runs that held at least `length` tokens
 
 
 class State(Protocol):
@@ -237,7 +250,8 @@ class Controller:
 
     def choose(self, key: Key, draft_cost: float, k_cap: int | None = None, *, prior: float | None = None,
                confidence: Sequence[float] | None = None, load: Load | None = None,
-               depth: int | None = None, path: Sequence[tuple[Key, int]] | None = None) -> Choice:
+               depth: int | None = None, path: Sequence[tuple[Key, int]] | None = None,
+               history: History | None = None) -> Choice:
         """The K with the most expected tokens per unit time. `confidence[i]` (when given) scales the
         chance of accepting drafted token i on top of the key's per-token rate: a drafter that knows
         a position is a guess (a learnt edit it has seen made only once) says so there. `depth`: the
@@ -245,6 +259,9 @@ class Controller:
         not said, read as 0 — a decoder that does not know it gets today's depth-0 costs). `path`:
         the states the drafted tokens would be drafted in, as (state, tokens) segments from `key`
         (a copy's run grows along its draft): each token is judged at its own state's rate.
+        `history`: the copy's run and how this context's earlier runs ended; the chance the draft
+        holds to its i-th token is (runs that held run + i + HISTORY_WEIGHT x the path's chance) /
+        (runs that held run + HISTORY_WEIGHT), over the earlier runs that held as long as this one.
 
         With `load` (the other sequences of the batch), the throughput judged is the whole batch's:
         (load.tokens + E(K)) / (load.draft_cost + K c + cost of the batch with K + 1 more rows),
@@ -274,13 +291,17 @@ class Controller:
         gain = None
         rates = self._rates(path, hi) if path is not None else None
         guessed = confidence is not None and any(c < 1.0 for c in confidence[:hi])
-        if guessed or (rates is not None and any(r != alpha for r in rates)):
+        seen = history.reaching(history.run) if history is not None else 0
+        if guessed or seen or (rates is not None and any(r != alpha for r in rates)):
             gain = [1.0]  # gain[k]: expected tokens from a k-token draft (the target's own token included)
-            p = 1.0
+            held = sure = 1.0  # the states' chance the copy holds this far; the learnt edits' confidence
             for i in range(hi):
-                a_i = alpha if rates is None or i >= len(rates) else rates[i]
-                p *= a_i * (confidence[i] if confidence is not None and i < len(confidence) else 1.0)
-                gain.append(gain[-1] + p)
+                held *= alpha if rates is None or i >= len(rates) else rates[i]
+                sure *= confidence[i] if confidence is not None and i < len(confidence) else 1.0
+                p = held
+                if seen:
+                    p = (history.reaching(history.run + i + 1) + HISTORY_WEIGHT * held) / (seen + HISTORY_WEIGHT)
+                gain.append(gain[-1] + p * sure)
         if guessed:
             # stopping right before a guess is often the best choice: always consider it
             ks = sorted(set(ks) | {i for i, c in enumerate(confidence[:hi]) if c < 1.0 and lo <= i})

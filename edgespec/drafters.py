@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, Sequence, Union
 
@@ -54,6 +54,9 @@ class Draft:
     # from the first: a copy grows more likely to go on the longer it has held, so a long draft's
     # later tokens are judged (and learn) as the longer runs they would be. None: `key` throughout.
     path: tuple[tuple["NgramState", int], ...] | None = None
+    # For a copy: how long it has held and how long this context's earlier copies held before they
+    # broke (RunHistory), so the chance it goes on is also judged by this answer's own breaks.
+    history: "RunHistory | None" = None
 
     def states(self, n: int) -> list[tuple[Key, int]]:
         """The (state, tokens) segments covering the first n drafted tokens."""
@@ -74,6 +77,20 @@ class Draft:
 
 
 EMPTY = Draft((), "none", "none")
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    """A copy's run so far and the lengths of the copy runs that ended earlier in the same context
+    (sorted): in one answer copies tend to break at similar lengths (a typo every ~16 tokens, an
+    e-mail address of ~10), which the per-state priors, learnt over many answers, do not know."""
+
+    run: int
+    ended: tuple[int, ...] = ()
+
+    def reaching(self, length: int) -> int:
+        """How many of the ended runs held at least `length` tokens."""
+        return len(self.ended) - bisect_left(self.ended, length)
 
 
 def sync_kv(model: Model, context: Sequence[int]) -> list[int]:
@@ -220,6 +237,7 @@ class NgramDrafter:
         self._div_guess = False  # whether that divergence broke a real copy (then its edit is guessed)
         self._pending: Substitution | None = None
         self.subs: dict[int, list[Substitution]] = {}
+        self.ended: list[int] = []  # lengths of the copy runs that broke in this context, sorted
 
     # ---- following the context ---------------------------------------------------------
     def _update(self, context: Sequence[int]) -> None:
@@ -312,6 +330,7 @@ class NgramDrafter:
                 self._div_guess = self.origin == "copy" or self.run >= self.GUESS_RUN
             if self.origin == "copy" or self.run >= LONG_RUN:
                 self.prev_run = max(self.run, self.prev_run if self.run < LONG_RUN else 0)
+            insort(self.ended, self.run)
         self._pending = None
         self.run = 0
         self._resync(i)
@@ -408,7 +427,8 @@ class NgramDrafter:
         else:
             kind = self.origin
         path = copy_path(kind, self.run, len(tokens))
-        return _ngram(tokens, confidence, path[0][0] if path else NgramState(kind, 1), path)
+        return _ngram(tokens, confidence, path[0][0] if path else NgramState(kind, 1), path,
+                      RunHistory(self.run, tuple(self.ended)))
 
 
 def copy_path(kind: str, run: int, n: int) -> tuple[tuple[NgramState, int], ...]:
@@ -425,8 +445,8 @@ def copy_path(kind: str, run: int, n: int) -> tuple[tuple[NgramState, int], ...]
 
 
 def _ngram(tokens: tuple[int, ...], confidence: tuple[float, ...] | None, state: NgramState,
-           path: tuple[tuple[NgramState, int], ...] | None = None) -> Draft:
-    return Draft(tokens, "ngram", state, confidence=confidence, path=path) if tokens else EMPTY
+           path: tuple[tuple[NgramState, int], ...] | None = None, history: RunHistory | None = None) -> Draft:
+    return Draft(tokens, "ngram", state, confidence=confidence, path=path, history=history) if tokens else EMPTY
 
 
 def _nearest(ends: list[int], target: int) -> int:

@@ -323,7 +323,8 @@ class SpeculativeDecoder:
             proposal = self.ngram.propose(ctx, min(k_cap, c.k_max))
             if proposal.tokens:
                 choice = c.choose(proposal.key, 0.0, len(proposal.tokens), prior=proposal.prior,
-                                  confidence=proposal.confidence, load=load, depth=depth, path=proposal.path)
+                                  confidence=proposal.confidence, load=load, depth=depth, path=proposal.path,
+                                  history=proposal.history)
                 if choice.k == 0:
                     self._start_shadow(ctx, proposal)
                 else:

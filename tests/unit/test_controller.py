@@ -127,3 +127,30 @@ def test_a_round_along_a_path_teaches_each_state_its_own_tokens_up_to_the_first_
     assert pool.rounds == 1 and (pool.successes, pool.failures) == (6, 1)  # one round for the pool
     ctl.observe_path([(a, 4), (b, 8)], accepted=12)
     assert ctl.acceptance[b].failures == pytest.approx(0.9) and ctl.pooled["ngram"].rounds == 2
+
+
+def test_a_copy_is_judged_by_how_long_this_answers_earlier_copies_held():
+    from edgespec.controller import HISTORY_WEIGHT
+    from edgespec.drafters import RunHistory
+
+    cheap = CostModel(verify={k: 1 + 0.1 * (k - 1) for k in range(2, 65)})
+    copy8, copy16 = NgramState("copy", 8), NgramState("copy", 16)
+    path = [(copy8, 8), (copy16, 16)]
+
+    def choice(history):
+        ctl = Controller(cheap, k_max=24, learn_timing=False)
+        return ctl.choose(copy8, 0.0, 24, prior=copy8.prior, path=path, history=history)
+
+    fresh = choice(None)
+    assert choice(RunHistory(run=8)) == fresh  # no earlier run: the states' rates alone
+    # many earlier copies broke at 12 tokens: a copy 8 tokens in is expected to break 4 tokens on
+    short = choice(RunHistory(run=8, ended=(12,) * 20))
+    assert short.k < fresh.k and short.expected_tokens < 6.0
+    # earlier runs that broke before this one's length say nothing about it
+    assert choice(RunHistory(run=8, ended=(3, 5, 7) * 10)) == fresh
+    # earlier copies that all held past the draft make a long bet likelier than the priors say
+    long = choice(RunHistory(run=8, ended=(200,) * 20))
+    assert long.k >= fresh.k and long.expected_tokens > fresh.expected_tokens
+    # one earlier run weighs as one of the answer's runs against HISTORY_WEIGHT for the path's chance
+    one = choice(RunHistory(run=8, ended=(12,)))
+    assert short.expected_tokens < one.expected_tokens < fresh.expected_tokens and HISTORY_WEIGHT > 1

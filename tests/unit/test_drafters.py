@@ -7,7 +7,7 @@ import pytest
 
 from edgespec.controller import Controller
 from edgespec.costs import CostModel
-from edgespec.drafters import PRIORS, NgramDrafter, NgramState, copy_path, run_bucket
+from edgespec.drafters import PRIORS, NgramDrafter, NgramState, RunHistory, copy_path, run_bucket
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder
 
@@ -209,3 +209,16 @@ def test_a_reindented_copy_is_found_again_near_the_source_and_its_dedent_learnt(
     for i in range(len(out) + 1):
         draft = d.propose(prompt + out[:i], 8)
     assert draft.tokens[:4] == (BARE, C, EQ, 22)
+
+
+def test_a_copy_draft_carries_how_long_this_contexts_earlier_copies_held():
+    # the output copies the source in runs of 10, each ended by an edit: every break is remembered
+    out = []
+    for start in (0, 11, 22, 33):
+        out += SOURCE[start:start + 10] + [900 + start]
+    d = NgramDrafter()
+    props = follow(d, PROMPT, out + SOURCE[44:50])
+    last = props[-1]  # made with 5 tokens of the fifth run copied
+    assert last.history == RunHistory(run=5, ended=(10, 10, 10, 10))
+    assert last.history.reaching(10) == 4 and last.history.reaching(11) == 0
+    assert NgramDrafter().propose(PROMPT + SOURCE[:3], 8).history.ended == ()  # nothing ended yet

@@ -104,9 +104,10 @@ def test_unknown_policy_is_refused():
 
 
 # ---- the stored machine tables --------------------------------------------------------------------
-def test_the_three_machine_tables_load_with_their_measured_points():
-    assert [p.stem for p in TABLES] == ["amd-epyc-avx2", "amd-epyc-avx512", "amd-epyc-zen4-avx512", "intel-xeon-avx512"]
-    avx2, avx512, zen4, xeon = (load_cost_table(p) for p in TABLES)
+def test_the_machine_tables_load_with_their_measured_points():
+    assert [p.stem for p in TABLES] == ["amd-epyc-avx2", "amd-epyc-avx512", "amd-epyc-zen4-avx512",
+                                        "amd-epyc-zen5-avx512", "intel-xeon-avx512"]
+    avx2, avx512, zen4, zen5, xeon = (load_cost_table(p) for p in TABLES)
     assert avx2.t1_ms == 70.2 and avx2.v(8) == pytest.approx(6.4, abs=0.01) and avx2.v(64) == pytest.approx(30.5, abs=0.01)
     assert avx2.t_ms(1, 600) == pytest.approx(108.7)  # 9.2 tok/s past 512 cells
     assert avx512.t1_ms == pytest.approx(28.6) and avx512.v(64) == pytest.approx(23.5, abs=0.01)
@@ -114,6 +115,9 @@ def test_the_three_machine_tables_load_with_their_measured_points():
     # measured at three depths by a profile: t(1) grows 37.6 -> 39.9 -> 53.3 ms from 0 to 512 to 2048 cells
     assert zen4.t1_ms == pytest.approx(37.586) and zen4.t_ms(1, 2048) == pytest.approx(53.26)
     assert zen4.v(8) == pytest.approx(7.87, abs=0.01) and zen4.t_ms(64, 512) == pytest.approx(944.728)
+    # Zen 5: single passes cheaper (26.0 ms), 16 rows for 7.1 of them
+    assert zen5.t1_ms == pytest.approx(25.998) and zen5.v(16) == pytest.approx(7.12, abs=0.01)
+    assert zen5.t_ms(1, 2048) == pytest.approx(42.907)
     for p in TABLES:
         data = json.loads(p.read_text())
         assert data["sources"] and data["known_points"] and data["filled_points"]
@@ -155,22 +159,23 @@ def recordings(categories) -> list[Path]:
 KNOWN_LOSSES = {
     # the answer writes its source's "[0, 1]" as "[0.0, 1.0]" inside a 63-token draft: a 64-row batch for 9
     # tokens, then a 15-token draft that breaks at 3, where small batches are dear (v(2) = 1.97)
-    ("amd-epyc-avx512", "copy-hints-difflib"): "auto 0.88x the best fixed mode (ngram-simple)",
+    ("amd-epyc-avx512", "copy-hints-difflib"): "auto 0.89x the best fixed mode (ngram-simple)",
+    # e-mail addresses copied ~10 tokens at a time: a few 15-token bets at a run of 8-12 still break
+    # before this answer's earlier runs have told the controller how short its copies are
     ("amd-epyc-avx512", "extract-emails"): "auto 0.96x the best fixed mode (ngram-mod)",
+    ("amd-epyc-zen5-avx512", "extract-emails"): "auto 0.98x the best fixed mode (ngram-mod)",
     # the measured table of the machine of issue 25's 2026-12-02 comparison: small batches dear and lumpy
-    # (v(8) = 7.9 but v(16) = 9.5), a copy that breaks every ~16 tokens (edit-typos) loses its long bets
-    ("amd-epyc-zen4-avx512", "copy-hints-difflib"): "auto 0.96x the best fixed mode (ngram-mod)",
-    ("amd-epyc-zen4-avx512", "edit-typos"): "auto 0.97x the best fixed mode (ngram-mod)",
-    ("amd-epyc-zen4-avx512", "extract-emails"): "auto 0.95x the best fixed mode (ngram-mod)",
-    ("amd-epyc-zen4-avx512", "insert-calendar-checks"): "auto 0.955x the best fixed mode (ngram-mod)",
+    # (v(8) = 7.9 but v(16) = 9.5)
+    ("amd-epyc-zen4-avx512", "copy-hints-difflib"): "auto 0.97x the best fixed mode (ngram-mod)",
+    ("amd-epyc-zen4-avx512", "extract-emails"): "auto 0.94x the best fixed mode (ngram-mod)",
+    ("amd-epyc-zen4-avx512", "insert-calendar-checks"): "auto 0.95x the best fixed mode (ngram-mod)",
     ("intel-xeon-avx512", "extract-functions"): "auto 0.99x the best fixed mode (ngram-simple)",
     # weak states drafting 3 tokens into a 4-row batch (v(4) = 1.72 < v(3)) at a pooled record
     # lifted by one lucky 12-token shadow round
-    ("intel-xeon-avx512", "code-debounce"): "auto 0.97x plain",
     ("intel-xeon-avx512", "rag-objects-quote"): "auto 0.93x plain (27-token answer, 1 of 14 drafted accepted)",
 }
-# the same for the geometric mean over a table's copy-heavy answers (the issue asks 1.15x)
-KNOWN_SHORT = {"amd-epyc-zen4-avx512": "1.148x"}
+# the same for the geometric mean over a table's copy-heavy answers (the issue asks 1.15x): none short now
+KNOWN_SHORT: dict[str, str] = {}
 
 
 def cases(categories) -> list:
