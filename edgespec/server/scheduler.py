@@ -8,7 +8,9 @@ engine): the slot whose cached prefix it shares most, so a continued chat or a r
 reuses its KV. The engine may hold more sequences than slots: the extra ones are a prompt cache. A
 slot about to be reused first copies what it holds into the least recently used of them, so a
 document or file whose slot has since served someone else is not read again when it comes back
-(llama-server keeps a RAM prompt cache for the same reason). Each step, `engine.batcher` gives
+(llama-server keeps a RAM prompt cache for the same reason). Requests that arrive together and
+begin alike (a system prompt, a document) read that prefix once: the later ones wait for the
+first to read it, then copy it. Each step, `engine.batcher` gives
 every slot still reading its prompt a chunk of it and every decoding slot its round, all in one
 target pass; each slot's tokens go through its own `TextStream` (stop strings, UTF-8) to its job's
 asyncio queue (`Started`, `Chunk`s, then `Final` or
@@ -126,7 +128,12 @@ class _Active:
     slot: int
     decoder: SpeculativeDecoder
     text: TextStream
+    tokens: Sequence[int] = ()  # the prompt
     last_token: float | None = None  # perf_counter() of the latest token; None until the first
+    # The slot of a request still reading a prompt that begins as this one's does: this one waits
+    # for it to read that prefix once, then takes it from its KV (None: not waiting).
+    waits_for: int | None = None
+    shared: int = 0  # how many tokens of the prompt that request reads for this one
 
 
 class Scheduler:
@@ -250,13 +257,49 @@ class Scheduler:
             self._end(job, internal(err), "failed")
             return False
         self._free.remove(slot)
+        active = _Active(job, slot, decoder, TextStream(self.engine.target.token_bytes, job.stop), tokens)
+        self._wait_for_a_reader(active)
         with self._lock:  # submit() counts slots as active + admitting: never both, never neither
-            self._active.append(_Active(job, slot, decoder, TextStream(self.engine.target.token_bytes, job.stop)))
+            self._active.append(active)
             self._admitting -= 1
         self.metrics.busy_slots.set(len(self._active))
-        self.metrics.prompt(len(tokens), decoder.stats.prompt_cached)
+        if active.waits_for is None:
+            self.metrics.prompt(len(tokens), decoder.stats.prompt_cached)
         job.emit(Started(len(tokens)))
         return True
+
+    def _wait_for_a_reader(self, a: _Active) -> None:
+        """Requests that arrive together often begin alike (a system prompt, a shared document): when
+        one already in a slot is still reading a prompt that shares MIN_SHARED_PREFIX more tokens
+        with this one than its slot holds, this one waits for that prefix to be read, then copies
+        it (_start_waiting) instead of reading it a second time beside it."""
+        held = len(self.engine.target.seq(a.slot).tokens)
+        readers = [(common_prefix_len(r.tokens[:-1], a.tokens[:-1]), r.slot) for r in self._active
+                   if r.waits_for is None and r.decoder.prefill_left and not r.decoder.done]
+        n, slot = max(readers, default=(0, None))
+        if slot is not None and n >= held + MIN_SHARED_PREFIX:
+            a.waits_for, a.shared = slot, n
+
+    def _start_waiting(self) -> None:
+        """Requests whose reader has read their shared prefix (or is gone) take it and start reading."""
+        target = self.engine.target
+        reading = {r.slot: r for r in self._active if r.waits_for is None}
+        for a in list(self._active):
+            if a.waits_for is None:
+                continue
+            reader = reading.get(a.waits_for)
+            if reader is not None and reader.decoder.prefill_left and not reader.decoder.done \
+                    and common_prefix_len(target.seq(reader.slot).tokens, a.tokens) < a.shared:
+                continue
+            a.waits_for = None
+            try:
+                self._share_prefix(a.slot, a.tokens)
+                a.decoder.start(a.tokens, a.job.max_tokens)
+            except Exception as err:  # noqa: BLE001 - the request fails, the others go on
+                self._release(a)
+                self._end(a.job, failure(err) if isinstance(err, EdgespecError) else internal(err), "failed")
+                continue
+            self.metrics.prompt(len(a.tokens), a.decoder.stats.prompt_cached)
 
     def _best_slot(self, tokens: Sequence[int]) -> int:
         """The free slot whose cache shares the longest prefix with this prompt; then, with a prompt
@@ -306,11 +349,14 @@ class Scheduler:
             self._used(donor)
 
     def _step(self) -> None:
-        active = self._active
+        self._start_waiting()
+        active = [a for a in self._active if a.waits_for is None]
+        if not active:
+            return
         result = self.engine.batcher.step([a.decoder for a in active])
         self.metrics.rows_per_decode.observe(result.rows)
         now = time.perf_counter()
-        for i, a in enumerate(list(active)):
+        for i, a in enumerate(active):
             for ev in result.events.get(i, ()):
                 self.counts["tokens"] += 1
                 chunk = a.text.feed(ev)

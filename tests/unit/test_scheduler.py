@@ -269,3 +269,57 @@ def test_the_shared_prefix_is_copied_from_a_busy_slot():
         assert items[-1].stats.prompt_cached >= len(doc) and items[-1].text == REPLY
         assert s.metrics.shared_prefix_tokens._value.get() >= len(doc)
     run(main())
+
+
+def test_requests_arriving_together_read_their_shared_prefix_once():
+    async def main():
+        engine = FakeEngine(n_seq=3)
+        s = Scheduler(engine, max_queue=8)
+        system = "You are a careful assistant who answers in one line. " * 6  # ~330 tokens, shared
+        try:
+            engine.gate.clear()  # nothing runs until all three are admitted
+            jobs = [job(system + f"question {i}?") for i in range(3)]
+            for j in jobs:
+                s.submit(j)
+            await until(lambda: engine.waiting.is_set())
+            await until(lambda: s.busy == 3)
+            engine.gate.set()
+            results = [await drain(j) for j in jobs]
+        finally:
+            s.shutdown()
+            s.join(10)
+        prompt_rows = sum(n for parts in engine.target.batches for _, n, w in parts if not w)
+        shared = len(engine.raw_tokens(system))
+        # the shared part is read once, each question's own end once more each
+        assert prompt_rows < shared + 3 * 40, prompt_rows
+        assert len(engine.target.copies) == 2 and all(n >= shared for _, _, n in engine.target.copies)
+        for items in results:
+            assert items[-1].text == REPLY
+        cached = sorted(items[-1].stats.prompt_cached for items in results)
+        assert cached[0] == 0 and all(c >= shared for c in cached[1:])
+        # /metrics counts each request's prompt once, with what it really took from the cache
+        assert s.metrics.cached_tokens._value.get() == sum(cached)
+    run(main())
+
+
+def test_a_request_waiting_for_a_reader_that_leaves_reads_its_prompt_itself():
+    async def main():
+        engine = FakeEngine(n_seq=2)
+        s = Scheduler(engine, max_queue=8)
+        doc = "a long shared document that both requests begin with. " * 8
+        try:
+            engine.target.hold_if = lambda parts: not any(want for _, _, want in parts)  # a prompt chunk
+            engine.gate.clear()
+            a, b = job(doc + "first?"), job(doc + "second?")
+            s.submit(a)
+            s.submit(b)
+            await until(lambda: engine.waiting.is_set() and s.busy == 2)
+            a.cancel()  # the reader leaves before its prompt is read
+            engine.gate.set()
+            items = await drain(b)
+        finally:
+            s.shutdown()
+            s.join(10)
+        assert items[-1].text == REPLY
+        assert s.counts["cancelled"] == 1 and s.counts["completed"] == 1
+    run(main())
