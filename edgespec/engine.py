@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .backend.model import LlamaModel, LoadParams
-from .batch import Batcher
+from .batch import Batcher, prefill_rows
 from .config import DraftLimits, Mode, SpecConfig, require_at_least_one
 from .compat import Pairing, TokenMap, pair_vocabularies
 from .controller import Controller
@@ -71,7 +71,8 @@ class Engine:
         self._ngram: NgramDrafter | None = None
         self._template = self.target.chat_template()
         self.batcher = Batcher(self.target, n_batch=self.target.n_batch,
-                               max_exact_batch=self.target.max_exact_batch)
+                               max_exact_batch=self.target.max_exact_batch,
+                               prefill_chunk=prefill_rows(self.cost, self.target.n_batch))
 
     @staticmethod
     def _load(config: EngineConfig):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.backend.model import LoadParams
-from edgespec.batch import PREFILL_CHUNK, ROW_TILE, Batcher
+from edgespec.batch import PREFILL_CHUNK, PREFILL_STEP_S, ROW_TILE, Batcher, prefill_rows
 from edgespec.config import SpecConfig
 from edgespec.controller import Controller, CostModel, Load, batch_cost, ubatch_sizes
 from edgespec.engine import Engine, EngineConfig
@@ -217,6 +217,21 @@ def test_a_step_that_reads_a_prompt_beside_decoding_rows_fills_whole_row_tiles()
         assert rows % ROW_TILE == 0 and rows <= PREFILL_CHUNK + 16, parts
     # what was cut from a chunk is read later, none of it lost
     assert sum(n for parts in eng.target.batches for s, n, w in parts if s == 0 and not w) >= 699 - decs[0].prefill_left
+
+
+def test_a_prompt_is_read_beside_running_streams_in_steps_of_about_prefill_step_s():
+    def machine(t64_ms):  # a profile whose 64-row batch takes t64_ms
+        return CostModel.from_ms({0: {1: t64_ms / 20, 16: t64_ms / 3, 64: t64_ms}})
+
+    assert prefill_rows(CostModel(), 512) == PREFILL_CHUNK  # no profile: no scale
+    assert prefill_rows(machine(2100.0), 512) == PREFILL_CHUNK  # a slow CPU: never fewer
+    rows = prefill_rows(machine(516.0), 512)  # the Zen 5 EPYC: ~124 rows in a second
+    assert rows % ROW_TILE == 0 and rows * 516.0 / 64 <= PREFILL_STEP_S * 1000 < (rows + ROW_TILE) * 516.0 / 64
+    assert prefill_rows(machine(20.0), 512) == 512  # a GPU: a whole batch
+    assert prefill_rows(machine(20.0), 48) == 48
+    eng = Engine(EngineConfig(Path("fake.gguf"), LoadParams(), cost=machine(516.0), n_seq=2),
+                 models=(FakeLlama(lm=copy_lm(), n_seq=2), None))
+    assert eng.batcher.prefill_chunk == rows
 
 
 def test_alone_the_choice_is_exactly_the_single_sequence_rule():
