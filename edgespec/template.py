@@ -8,6 +8,7 @@ parsing on (it holds `<|im_start|>` and friends), message content with it off.
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -42,6 +43,21 @@ def _sentinel(i: int) -> str:
 _SPLIT = re.compile("\x00EDGESPEC(\\d+)\x00")
 
 
+def _raise_exception(message):
+    raise jinja2.TemplateError(message)
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str) -> jinja2.Template:
+    """The template compiled once per process: compiling a model's template (Qwen2.5's, with its
+    tool-call branches) takes far longer than rendering it, and serve renders one per request on
+    the engine thread, where every running stream waits for it."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
 def render_segments(
     template: str | None,
     messages: Sequence[Message],
@@ -51,14 +67,8 @@ def render_segments(
     add_generation_prompt: bool = True,
 ) -> list[tuple[str, bool]]:
     """Render; return [(text, is_message_content)] in order."""
-    def raise_exception(message):
-        raise jinja2.TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     try:
-        compiled = env.from_string(template or CHATML)
+        compiled = _compiled(template or CHATML)
         placeholders = [{"role": m.role, "content": _sentinel(i)} for i, m in enumerate(messages)]
         rendered = compiled.render(
             messages=placeholders,
