@@ -235,6 +235,7 @@ class NgramDrafter:
         self.prev_run = 0  # length of the copy run before the last divergence (0: none)
         self._div: tuple[int, int] | None = None  # (source pointer, output index) of the last divergence
         self._div_guess = False  # whether that divergence broke a real copy (then its edit is guessed)
+        self._div_real = False  # whether it broke a copy at all, not a short match found by chance
         self._pending: Substitution | None = None
         self.subs: dict[int, list[Substitution]] = {}
         self.ended: list[int] = []  # lengths of the copy runs that broke in this context, sorted
@@ -328,6 +329,7 @@ class NgramDrafter:
                 self._div = (self.pointer, i)
                 # only a break in a copy that had really held is worth guessing the edit of
                 self._div_guess = self.origin == "copy" or self.run >= self.GUESS_RUN
+                self._div_real = self.origin == "copy" or self.run >= self.WEAK_FIND
             if self.origin == "copy" or self.run >= LONG_RUN:
                 self.prev_run = max(self.run, self.prev_run if self.run < LONG_RUN else 0)
             insort(self.ended, self.run)
@@ -352,19 +354,22 @@ class NgramDrafter:
             if expected is not None:
                 near = _nearest(ends, expected)
                 if abs(near - expected) <= self.WINDOW:
-                    self._copy_from(near, n, "copy", i)
+                    # Found again near a chance match that broke: still a guess (a "find"), though
+                    # the edit it implies is learnt like any other (a rename in the copy's first
+                    # tokens). Labelled a copy, it drafted into free text at the copy's 0.7 prior.
+                    self._copy_from(near, n, "copy" if self._div_real else "find", i, near=True)
                     return
             if best_far is None:
                 best_far = (ends[-1], n)
         if best_far is not None:
-            self._copy_from(best_far[0], best_far[1], "find", i)
+            self._copy_from(best_far[0], best_far[1], "find", i, near=False)
         else:
             self.pointer = None
 
-    def _copy_from(self, pointer: int, matched: int, origin: str, i: int) -> None:
+    def _copy_from(self, pointer: int, matched: int, origin: str, i: int, *, near: bool) -> None:
         self.pointer, self.run, self.origin = pointer, matched, origin
         self._pending = None
-        if origin == "copy" and self._div is not None:
+        if near:
             p_div, o_div = self._div
             src = tuple(self._ctx[p_div : pointer - matched])
             repl = tuple(self._ctx[o_div : i + 1 - matched])

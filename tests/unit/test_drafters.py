@@ -87,6 +87,20 @@ def test_after_a_substitution_the_copy_resumes_at_once():
     assert props[22].key.kind == "resume"
 
 
+def test_a_match_found_again_near_a_chance_match_that_broke_is_still_a_guess():
+    # free text: "105" happens to occur in the prompt, the output goes on differently after one token,
+    # and a few tokens later it happens to match next to that spot again. Neither is a copy: the
+    # second match is judged as a fresh find (prior 0.2), not as a copy found again (0.7).
+    out = [105, 900, 901, 108]
+    props = follow(NgramDrafter(), PROMPT, out + [109])
+    assert props[1].key == NgramState("find", 1)  # after 105: a 1-token find
+    assert props[4].tokens[:3] == tuple(SOURCE[9:12]) and props[4].key == NgramState("find", 1)
+    # the same re-find after a copy that had held (4 tokens) is the copy found again
+    out = SOURCE[5:9] + [900, 901, 108]
+    props = follow(NgramDrafter(), PROMPT, out + [109])
+    assert props[7].tokens[:3] == tuple(SOURCE[9:12]) and props[7].key.kind == "copy"
+
+
 def test_an_insertion_is_found_again_near_the_copy_position():
     out = SOURCE[:10] + [777, 778] + SOURCE[10:30]  # two tokens inserted
     d = NgramDrafter()

@@ -163,13 +163,11 @@ KNOWN_LOSSES = {
     # e-mail addresses copied ~10 tokens at a time: a few 15-token bets at a run of 8-12 still break
     # before this answer's earlier runs have told the controller how short its copies are
     ("amd-epyc-avx512", "extract-emails"): "auto 0.96x the best fixed mode (ngram-mod)",
-    ("amd-epyc-zen5-avx512", "extract-emails"): "auto 0.98x the best fixed mode (ngram-mod)",
     # the measured table of the machine of issue 25's 2026-12-02 comparison: small batches dear and lumpy
     # (v(8) = 7.9 but v(16) = 9.5)
     ("amd-epyc-zen4-avx512", "copy-hints-difflib"): "auto 0.97x the best fixed mode (ngram-mod)",
     ("amd-epyc-zen4-avx512", "extract-emails"): "auto 0.94x the best fixed mode (ngram-mod)",
     ("amd-epyc-zen4-avx512", "insert-calendar-checks"): "auto 0.95x the best fixed mode (ngram-mod)",
-    ("intel-xeon-avx512", "extract-functions"): "auto 0.99x the best fixed mode (ngram-simple)",
     # weak states drafting 3 tokens into a 4-row batch (v(4) = 1.72 < v(3)) at a pooled record
     # lifted by one lucky 12-token shadow round
     ("intel-xeon-avx512", "rag-objects-quote"): "auto 0.93x plain (27-token answer, 1 of 14 drafted accepted)",

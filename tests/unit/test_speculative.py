@@ -228,7 +228,9 @@ def test_ngram_follows_the_copy_position_after_a_substitution():
     d.propose(source + [1], 4)  # starts copying from position 1
     draft = d.propose(source + [1, 7, 9], 3)
     assert draft.tokens == (3, 9, 4)
-    assert draft.key == NgramState("copy", 1)  # found again near the copy position
+    # found again near the copy position; the copy it resumes had held one token when it broke, so
+    # it may have been a chance match: the state is still a guess ("find"), not a copy's
+    assert draft.key == NgramState("find", 1)
 
 
 def test_seeded_sampling_is_reproducible():
