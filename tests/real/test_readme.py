@@ -26,10 +26,10 @@ import pytest
 from .conftest import DRAFT, SMALL, TARGET, new_home, saved_costs, write_fixed_profile
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-# Examples whose documented outcome is a non-zero exit (doctor on an incompatible pair).
 # A hang catcher, not a speed check: the slowest example (`bench --category copy ... --verify`: 45 runs,
 # each reading its prompt from empty caches) came within seconds of the old 900 s on a slow 2-vCPU machine.
 EXAMPLE_TIMEOUT_S = 1800
+# Examples whose documented outcome is a non-zero exit (doctor on an incompatible pair).
 EXPECTED_EXIT = {"edgespec doctor qwen2.5-coder-1.5b-instruct-q4_k_m smollm2-135m-instruct-q4_1": 1}
 
 
