@@ -177,6 +177,21 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@dataclass(frozen=True, eq=False)
+class SavedSeq:
+    """A sequence's KV in host memory. In a unified cache every pass attends over all cells up to
+    the highest one in use, whichever sequence holds them, so a prompt kept in the cache as a
+    sequence of its own makes every other sequence's passes longer; kept here it costs nothing
+    until it is restored (llama-server keeps its prompt cache in RAM for the same reason)."""
+    tokens: tuple[int, ...]
+    state: object  # the ctypes buffer llama_state_seq_get_data filled
+    size: int  # bytes of it in use
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
 class KVSeq:
     """One sequence of a model's context: its KV cache, mirrored in `self.tokens`."""
 
@@ -259,6 +274,31 @@ class KVSeq:
         m._lc.llama_memory_seq_cp(m._mem, src.seq_id, self.seq_id, -1, -1)
         self.tokens = list(src.tokens)
         self.trim(n)
+
+    def save(self) -> "SavedSeq":
+        """This sequence's KV copied out to host memory (llama.cpp's sequence state), with its tokens:
+        a prompt kept for later without holding cells of the cache (see SavedSeq)."""
+        m = self.model
+        size = int(m._lc.llama_state_seq_get_size(m._ctx, self.seq_id))
+        buf = (ctypes.c_uint8 * max(1, size))()
+        n = int(m._lc.llama_state_seq_get_data(m._ctx, buf, size, self.seq_id))
+        if size and n == 0:
+            raise BackendError("llama.cpp could not copy a sequence's KV out")
+        return SavedSeq(tuple(self.tokens), buf, n)
+
+    def restore(self, saved: "SavedSeq", n: int) -> bool:
+        """Hold the first n tokens of a saved sequence (its KV copied back, not recomputed).
+        False when llama.cpp finds no room for it: the sequence is then empty."""
+        m = self.model
+        if not 0 < n <= len(saved.tokens):
+            raise BackendError("a saved prefix is restored only within what was saved")
+        self.reset()
+        if not m._lc.llama_state_seq_set_data(m._ctx, saved.state, saved.size, self.seq_id):
+            m._lc.llama_memory_seq_rm(m._mem, self.seq_id, -1, -1)
+            return False
+        self.tokens = list(saved.tokens)
+        self.trim(n)
+        return True
 
     def _resync(self, known: list[int]) -> None:
         m = self.model

@@ -31,10 +31,11 @@ def served_name(choice_target: str, target_path: Path) -> str:
 
 def _open_slots(kw, spec, parallel: int | None, cache: int | None):
     """Plan --parallel slots (by default DEFAULT_PARALLEL, or as many as fit in memory) and the
-    --prompt-cache sequences beside them, then load. The default cache is as many sequences as
-    slots, and only when it costs the slots nothing: the same context and the same layers on the
-    GPU as without it (the plan would otherwise shrink the context or move layers to the CPU to make
-    room for it). Returns (resolved, engine, slots)."""
+    --prompt-cache prompts kept beside them, then load the slots. The cache lives in host memory,
+    but each prompt in it can take a whole sequence's KV, so it is planned as that many more
+    sequences: the default cache is as many prompts as slots, and only when that plan costs the
+    slots nothing (the same context and the same layers on the GPU as without it). Returns
+    (resolved, engine, slots, cached prompts)."""
     n = parallel or DEFAULT_PARALLEL
     while True:
         try:
@@ -45,6 +46,7 @@ def _open_slots(kw, spec, parallel: int | None, cache: int | None):
                 raise  # the one-line refusal names the memory, the sequences and what to try
             n -= 1
     extra = n if cache is None else cache
+    kept = 0
     if extra:
         try:
             cached = resolve({**kw, "parallel": n + extra}, spec)
@@ -53,9 +55,9 @@ def _open_slots(kw, spec, parallel: int | None, cache: int | None):
                 raise
         else:
             if cache is not None or _costs_nothing(cached.plan, chosen.plan):
-                chosen = cached
+                kept = extra
     report(chosen)
-    return chosen, session.open_engine(chosen, spec, exact=kw["exact"]), n
+    return chosen, session.open_engine(chosen, spec, exact=kw["exact"]), n, kept
 
 
 def _costs_nothing(with_cache, without) -> bool:
@@ -105,8 +107,8 @@ class HostNameType(click.ParamType):
               help=f"Requests generated at once, in shared batches (default: {DEFAULT_PARALLEL}, or as many as "
                    "fit in memory with their KV cache).")
 @click.option("--prompt-cache", "prompt_cache", type=click.IntRange(0, MAX_PARALLEL), default=None,
-              help="Finished requests' prompts kept for reuse, as KV sequences beside the slots "
-                   "(default: as many as --parallel when that costs the slots no context or GPU layers; 0: off).")
+              help="Finished requests' prompts kept for reuse in host memory, planned as KV sequences beside the "
+                   "slots (default: as many as --parallel when that costs the slots no context or GPU layers; 0: off).")
 @click.option("--queue", "max_queue", type=click.IntRange(0, 4096), default=8, show_default=True,
               help="Requests that may wait for a free slot; beyond that: 503 with Retry-After.")
 @click.option("--priority", "default_priority", type=int, default=0, show_default=True,
@@ -153,7 +155,7 @@ def serve(host, port, api_key, alias, parallel, prompt_cache, max_queue, default
         if not is_loopback(host):
             err.print(f"[yellow]warning:[/] serving on {host}: anyone who can reach port {port} can use these models"
                       + ("" if api_key else " (no --api-key set)"))
-        resolved, engine, slots = _open_slots(kw, spec, parallel, prompt_cache)
+        resolved, engine, slots, cached = _open_slots(kw, spec, parallel, prompt_cache)
     except BaseException:
         sock.close()
         raise
@@ -165,7 +167,7 @@ def serve(host, port, api_key, alias, parallel, prompt_cache, max_queue, default
         raise
     # From here until the models are freed a signal only asks the server to stop (StopSignals).
     with signals.installed():
-        worker = Scheduler(engine, max_queue, slots=slots)
+        worker = Scheduler(engine, max_queue, cache=cached)
         try:
             settings = Settings(
                 model_id=alias or served_name(resolved.choice.target, resolved.target_path),
@@ -174,7 +176,7 @@ def serve(host, port, api_key, alias, parallel, prompt_cache, max_queue, default
                 priority=default_priority, bind_host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
                 prompt_limits=limits,
             )
-            err.print(_banner(host, port, settings, resolved, engine, spec, slots))
+            err.print(_banner(host, port, settings, resolved, engine, spec, slots, cached))
             run_server(create_app(worker, settings), sock, worker.shutdown, signals)
         finally:
             worker.shutdown()
@@ -184,11 +186,11 @@ def serve(host, port, api_key, alias, parallel, prompt_cache, max_queue, default
         _leave(err, "server stopped")
 
 
-def _banner(host, port, settings, resolved, engine, spec, slots: int) -> str:
+def _banner(host, port, settings, resolved, engine, spec, slots: int, cached: int) -> str:
     shown = f"[{host}]" if ":" in host else host
     draft = f" + {resolved.draft_path.stem}" if engine.draft is not None else ""
     return (f"edgespec serve: [bold]http://{shown}:{port}/v1[/]  model {settings.model_id}{draft}, spec {spec.mode}, "
-            f"{slots} parallel, {engine.n_seq - slots} cached prompts"
+            f"{slots} parallel, {cached} cached prompts"
             f"{', API key required' if settings.api_key else ''}  (Ctrl-C stops)")
 
 

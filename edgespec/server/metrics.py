@@ -30,9 +30,11 @@ class Metrics:
         self.prompt_tokens = Counter("edgespec_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.cached_tokens = Counter("edgespec_prompt_cached_tokens", "Prompt tokens found in a slot's KV cache", registry=r)
         self.shared_prefix_tokens = Counter("edgespec_prompt_shared_tokens",
-                                            "Prompt tokens copied from another slot's KV cache", registry=r)
+                                            "Prompt tokens taken from another slot's KV or the prompt cache", registry=r)
         self.prompt_cache_saved = Counter("edgespec_prompt_cache_saves",
-                                          "Slot contents kept in the prompt cache before the slot was reused", registry=r)
+                                          "Slot contents saved to the prompt cache before the slot was reused", registry=r)
+        self.prompt_cache_restored = Counter("edgespec_prompt_cache_restores",
+                                             "Prompts taken back from the prompt cache into a slot", registry=r)
         self.generated = Counter("edgespec_generated_tokens", "Tokens generated (finished requests)", registry=r)
         self.drafted = Counter("edgespec_drafted_tokens", "Drafted tokens by drafter", ["drafter"], registry=r)
         self.accepted = Counter("edgespec_accepted_tokens", "Accepted drafted tokens by drafter", ["drafter"], registry=r)

@@ -5,10 +5,10 @@ tokenizing, prefilling, decoding, closing — runs on this one thread. Requests 
 admission queue ordered by priority (lower first, as vLLM) with aging, so a steady stream of urgent
 requests cannot starve an old one. A job is admitted to a free slot (one KV sequence of the
 engine): the slot whose cached prefix it shares most, so a continued chat or a re-edited file
-reuses its KV. The engine may hold more sequences than slots: the extra ones are a prompt cache. A
-slot about to be reused first copies what it holds into the least recently used of them, so a
-document or file whose slot has since served someone else is not read again when it comes back
-(llama-server keeps a RAM prompt cache for the same reason). Requests that arrive together and
+reuses its KV. A slot about to be reused first saves what it holds to the prompt cache in host
+memory (`cache` prompts, least recently used dropped first), so a document or file whose slot has
+since served someone else is not read again when it comes back (backend.model.SavedSeq: kept as a
+KV sequence of its own it would slow every pass of the others). Requests that arrive together and
 begin alike (a system prompt, a document) read that prefix once: the later ones wait for the
 first to read it, then copy it. Each step, `engine.batcher` gives
 every slot still reading its prompt a chunk of it and every decoding slot its round, all in one
@@ -139,13 +139,14 @@ class _Active:
 class Scheduler:
     """Admission queue + slots + the engine thread. The server's only way to the engine."""
 
-    def __init__(self, engine, max_queue: int, *, metrics: Metrics | None = None, slots: int | None = None):
+    def __init__(self, engine, max_queue: int, *, metrics: Metrics | None = None, cache: int = 0):
         self.engine = engine
         self.max_queue = max_queue
-        self.n_slots = engine.n_seq if slots is None else slots
-        if not 1 <= self.n_slots <= engine.n_seq:
-            raise ValueError(f"{self.n_slots} slots in an engine of {engine.n_seq} sequences")
-        self._cache = list(range(self.n_slots, engine.n_seq))  # prompt-cache sequences, least recently used first
+        self.n_slots = engine.n_seq  # a slot is a KV sequence of the engine
+        if cache < 0:
+            raise ValueError(f"a prompt cache of {cache} prompts")
+        self.cache_size = cache
+        self._cache: list = []  # SavedSeq of finished prompts, least recently used first
         self.metrics = metrics or Metrics()
         self._lock = threading.Lock()
         self._queue: list[Job] = []  # waiting, in arrival order (ranked when admitted)
@@ -302,51 +303,61 @@ class Scheduler:
             self.metrics.prompt(len(a.tokens), a.decoder.stats.prompt_cached)
 
     def _best_slot(self, tokens: Sequence[int]) -> int:
-        """The free slot whose cache shares the longest prefix with this prompt; then, with a prompt
+        """The free slot whose KV shares the longest prefix with this prompt; then, with a prompt
         cache to keep what it holds, the lowest (with a KV stream per sequence llama.cpp runs
         consecutive sequence ids in one pass, so busy slots packed low batch best), else the emptiest."""
         target = self.engine.target
 
         def then(s: int) -> int:
-            return -s if self._cache else -len(target.seq(s).tokens)
+            return -s if self.cache_size else -len(target.seq(s).tokens)
 
         return max(self._free, key=lambda s: (common_prefix_len(target.seq(s).tokens, tokens), then(s)))
 
-    def _stash(self, slot: int, tokens: Sequence[int], spare: int | None) -> None:
-        """Before the slot is reused, keep what it holds in the prompt cache (its least recently used
-        sequence but `spare`) when the new prompt would overwrite MIN_SHARED_PREFIX tokens or more
-        that no other sequence holds."""
+    def _stash(self, slot: int, tokens: Sequence[int]) -> None:
+        """Before the slot is reused, save what it holds to the prompt cache when the new prompt
+        would overwrite MIN_SHARED_PREFIX tokens or more that neither another slot nor the cache
+        holds; the least recently used saved prompt makes room."""
         target = self.engine.target
         held = list(target.seq(slot).tokens)
-        dest = next((c for c in self._cache if c != spare), None)
-        if dest is None or len(held) - common_prefix_len(held, tokens) < MIN_SHARED_PREFIX:
+        if not self.cache_size or len(held) - common_prefix_len(held, tokens) < MIN_SHARED_PREFIX:
             return
         if any(common_prefix_len(target.seq(s).tokens, held) == len(held) for s in range(self.engine.n_seq) if s != slot):
             return
-        target.seq(dest).copy_prefix(target.seq(slot), len(held))
-        self._used(dest)
+        if any(common_prefix_len(c.tokens, held) == len(held) for c in self._cache):
+            return
+        # a saved prompt that is a prefix of this one is held twice once this one is saved
+        self._cache = [c for c in self._cache if common_prefix_len(c.tokens, held) < c.n_tokens]
+        del self._cache[: max(0, len(self._cache) + 1 - self.cache_size)]
+        self._cache.append(target.seq(slot).save())
         self.metrics.prompt_cache_saved.inc()
 
-    def _used(self, seq: int) -> None:
-        if seq in self._cache:
-            self._cache.remove(seq)
-            self._cache.append(seq)
-
     def _share_prefix(self, slot: int, tokens: Sequence[int]) -> None:
-        """When another sequence (a slot, free or busy, or the prompt cache) holds a longer prefix of
-        this prompt than the chosen slot, copy that prefix's KV instead of reading it again (the
-        same system prompt, document or file sent by several clients, or sent again). What the
-        slot held goes to the prompt cache first."""
+        """When another slot (free or busy) or the prompt cache holds a longer prefix of this prompt
+        than the chosen slot, take that prefix's KV instead of reading it again (the same system
+        prompt, document or file sent by several clients, or sent again). What the slot held goes to
+        the prompt cache first."""
         target = self.engine.target
         own = common_prefix_len(target.seq(slot).tokens, tokens[:-1])
-        donors = [(common_prefix_len(target.seq(s).tokens, tokens[:-1]), s) for s in range(self.engine.n_seq) if s != slot]
-        n, donor = max(donors, default=(0, slot))
+        donors = [(common_prefix_len(target.seq(s).tokens, tokens[:-1]), s, None)
+                  for s in range(self.engine.n_seq) if s != slot]
+        donors += [(common_prefix_len(c.tokens, tokens[:-1]), -1, c) for c in self._cache]
+        n, donor, saved = max(donors, key=lambda d: (d[0], d[2] is None), default=(0, slot, None))
         useful = n >= own + MIN_SHARED_PREFIX
-        self._stash(slot, tokens, donor if useful else None)
-        if useful:
+        if useful and saved is not None:
+            # it moves into the slot (which saves it again, answer and all, when it is reused),
+            # leaving room for what the slot holds now
+            self._cache.remove(saved)
+        self._stash(slot, tokens)
+        if not useful:
+            return
+        if saved is None:
             target.seq(slot).copy_prefix(target.seq(donor), n)
-            self.metrics.shared_prefix_tokens.inc(n - own)
-            self._used(donor)
+        elif target.seq(slot).restore(saved, n):
+            self.metrics.prompt_cache_restored.inc()
+        else:  # no room for it in the cache's cells now: the prompt is read instead
+            self._cache.append(saved)
+            return
+        self.metrics.shared_prefix_tokens.inc(n - own)
 
     def _step(self) -> None:
         self._start_waiting()

@@ -120,9 +120,9 @@ DOCUMENT = ("Here is a list of the planets in order from the sun: Mercury, Venus
 
 
 def test_a_document_whose_slot_served_another_request_comes_back_from_the_prompt_cache():
-    """One slot: the document's KV is kept in the prompt cache while the slot answers something
-    else, and the document sent again is copied back (cached_tokens) and answered token for token as
-    the first time (exact kernels); with --prompt-cache 0 it is read again."""
+    """One slot: the document's KV is saved to the prompt cache (host memory) while the slot answers
+    something else, and the document sent again is restored (cached_tokens) and answered token for
+    token as the first time (exact kernels); with --prompt-cache 0 it is read again."""
     doc_q = DOCUMENT + "Which planet is third?"
     for cache, kept in (("1", True), ("0", False)):
         server = Server("-m", SMALL, "-t", "1", "--exact", "-np", "1", "--prompt-cache", cache).wait_ready()
@@ -131,14 +131,16 @@ def test_a_document_whose_slot_served_another_request_comes_back_from_the_prompt
             ask(server, "Write a haiku about the sea.")
             again = ask(server, doc_q)
             cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
-            saves = total(metric_totals(server), "edgespec_prompt_cache_saves_total")
+            counts = metric_totals(server)
+            saves = total(counts, "edgespec_prompt_cache_saves_total")
+            restores = total(counts, "edgespec_prompt_cache_restores_total")
             if kept:
                 assert cached >= first["usage"]["prompt_tokens"] - 1, cached
                 assert text(again) == text(first)
-                assert saves >= 1
+                assert saves >= 1 and restores == 1
             else:
                 assert cached < first["usage"]["prompt_tokens"] // 4, cached  # the chat template's head at most
-                assert saves == 0
+                assert saves == 0 and restores == 0
         finally:
             assert server.stop() == 0, server.output()
 
@@ -239,6 +241,39 @@ def test_a_prefix_copied_from_another_sequence_decodes_as_if_read(model_path):
         assert out == read
     finally:
         engine.close()
+
+
+def test_a_prefix_saved_to_host_memory_decodes_as_if_read(model_path):
+    """A sequence's KV saved out of the context (the prompt cache) and restored into another
+    sequence after its own was overwritten gives, with exact kernels, the very tokens of reading
+    the prefix; with the default kernels (one unified cache) any difference is a near tie."""
+    for exact in (True, False):
+        params = LoadParams(n_ctx=512, n_threads=2, exact=exact, n_seq=2)
+        engine = Engine(EngineConfig(model_path(SMALL), params, spec=SpecConfig(mode="off"), exact=exact, n_seq=2))
+        try:
+            m = engine.target
+            greedy = SamplingConfig(temperature=0.0)
+            doc = engine.raw_tokens("Here is a short list of fruits: apple, banana, cherry, date, elderberry, fig.\n")
+            prompt = doc + engine.raw_tokens("The third fruit is")
+            reading = engine.decoder(greedy, seq=0, record_margins=True)
+            read = [e.token for e in reading.generate(prompt, 16)]
+            saved = m.seq(0).save()
+            assert saved.tokens == tuple(m.seq(0).tokens)
+            m.seq(0).trim(2)
+            m.seq(0).decode(engine.raw_tokens("Something else entirely, written over the document."))
+            m.seq(1).decode(engine.raw_tokens("What the other sequence held before."))
+            assert m.seq(1).restore(saved, len(doc))
+            assert m.seq(1).tokens == doc
+            restored = engine.decoder(greedy, seq=1)
+            out = [e.token for e in restored.generate(prompt, 16)]
+            assert restored.stats.prompt_cached == len(doc)
+            if exact:
+                assert out == read
+            else:
+                n = next((i for i, (a, b) in enumerate(zip(read, out)) if a != b), None)
+                assert n is None or reading.stats.margins[n] < NEAR_TIE_LOGIT
+        finally:
+            engine.close()
 
 
 def test_a_prefix_shared_in_the_unified_cache_decodes_as_if_read_and_leaves_its_source_whole(model_path):

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from edgespec.backend.model import LoadParams
+from edgespec.backend.model import LoadParams, SavedSeq
 from edgespec.engine import Engine, EngineConfig
 
 REPLY = "Hello from the fake model, one token at a time."
@@ -69,6 +69,16 @@ class FakeSeq:
         self.model.copies.append((src.seq_id, self.seq_id, n))
         self.tokens = list(src.tokens[:n])
 
+    def save(self) -> SavedSeq:
+        self.model.saves.append((self.seq_id, len(self.tokens)))
+        return SavedSeq(tuple(self.tokens), None, 0)
+
+    def restore(self, saved: SavedSeq, n: int) -> bool:
+        assert 0 < n <= saved.n_tokens
+        self.model.restores.append((self.seq_id, n))
+        self.tokens = list(saved.tokens[:n])
+        return True
+
 
 class FakeLlama:
     bos, eos, add_bos = BOS, EOS, False
@@ -88,6 +98,8 @@ class FakeLlama:
         self.held = threading.Event()  # set while a decode waits at the gate
         self.threads: set[str] = set()
         self.copies: list[tuple[int, int, int]] = []  # (from seq, to seq, tokens) of each prefix copy
+        self.saves: list[tuple[int, int]] = []  # (seq, tokens) of each sequence saved to host memory
+        self.restores: list[tuple[int, int]] = []  # (seq, tokens) of each saved prefix restored
 
     n_seq = property(lambda self: len(self._seqs))
     tokens = property(lambda self: self._seqs[0].tokens)

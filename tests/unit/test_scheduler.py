@@ -163,12 +163,12 @@ DOC = "a long document, read once: " + "z" * 60
 OTHER = "something else entirely, " + "q" * 30
 
 
-def serve_in_turn(texts, *, n_seq: int, slots: int):
-    """Each text in turn (one finished before the next is sent); the fake model's KV copies and the
-    responses' stats."""
+def serve_in_turn(texts, *, slots: int, cache: int):
+    """Each text in turn (one finished before the next is sent); the fake model's KV saves and
+    restores, and the responses' stats."""
     async def main():
-        engine = FakeEngine(n_seq=n_seq)
-        s = Scheduler(engine, max_queue=8, slots=slots)
+        engine = FakeEngine(n_seq=slots)
+        s = Scheduler(engine, max_queue=8, cache=cache)
         finals = []
         try:
             for text in texts:
@@ -178,39 +178,44 @@ def serve_in_turn(texts, *, n_seq: int, slots: int):
         finally:
             s.shutdown()
             s.join(10)
-        return engine.target.copies, finals
+        return engine.target, finals, s.metrics
 
     return run(main())
 
 
 def test_a_reused_slots_prompt_is_kept_in_the_prompt_cache():
-    """One slot, two cache sequences: the document's KV outlives its slot serving another request
-    and is copied back when the document is sent again, not read again; each slot's content goes to
-    the least recently used cache sequence, never to the one about to be copied from."""
-    copies, finals = serve_in_turn([DOC, OTHER, DOC + " again?", OTHER + " too"], n_seq=3, slots=1)
-    assert [c[:2] for c in copies] == [
-        (0, 1),  # OTHER takes the slot: the document (and its answer) go to cache sequence 1
-        (0, 2), (1, 0),  # the document again: OTHER goes to 2 (1 is the donor), the document comes back
-        (0, 1), (2, 0),  # OTHER again: the slot's content goes to 1 (2 is the donor), OTHER comes back
-    ]
-    assert copies[2][2] >= len(DOC) and finals[2].stats.prompt_cached >= len(DOC)
-    assert copies[4][2] >= len(OTHER) and finals[3].stats.prompt_cached >= len(OTHER)
+    """One slot, two cached prompts: the document's KV is saved to host memory before its slot
+    serves another request and restored when the document is sent again, not read again."""
+    target, finals, metrics = serve_in_turn([DOC, OTHER, DOC + " again?", OTHER + " too"], slots=1, cache=2)
+    assert [s[0] for s in target.saves] == [0, 0, 0]  # the document, OTHER, the document's second answer
+    assert [r for r in target.restores] == [(0, target.restores[0][1]), (0, target.restores[1][1])]
+    assert target.restores[0][1] >= len(DOC) and finals[2].stats.prompt_cached >= len(DOC)
+    assert target.restores[1][1] >= len(OTHER) and finals[3].stats.prompt_cached >= len(OTHER)
     assert finals[1].stats.prompt_cached == 0
+    assert not target.copies  # one slot: nothing to copy between sequences
+    assert metrics.prompt_cache_restored._value.get() == 2
 
 
-def test_the_prompt_cache_keeps_nothing_twice():
-    """With one cache sequence that is the donor, nothing can be kept; and a slot whose content the
-    cache already holds is reused without a copy."""
-    copies, finals = serve_in_turn([DOC, OTHER, DOC, OTHER], n_seq=2, slots=1)
-    assert [c[:2] for c in copies] == [(0, 1), (1, 0)]
-    assert finals[2].stats.prompt_cached >= len(DOC) - 1
-    assert finals[3].stats.prompt_cached == 0  # OTHER could not be kept: the only cache sequence was the donor
+def test_a_restored_prompt_leaves_the_cache_and_the_least_recently_used_goes_first():
+    """With room for one prompt: a restored prompt moves into the slot, so the slot's previous
+    content can be saved in its place; a third prompt pushes the oldest out."""
+    target, finals, _ = serve_in_turn([DOC, OTHER, DOC, OTHER], slots=1, cache=1)
+    assert len(target.saves) == 3 and len(target.restores) == 2
+    assert finals[2].stats.prompt_cached >= len(DOC) - 1 and finals[3].stats.prompt_cached >= len(OTHER) - 1
+    third = "unlike the others, a third prompt: " + "w" * 30
+    target, finals, _ = serve_in_turn([DOC, OTHER, third, DOC], slots=1, cache=1)
+    assert not target.restores and finals[3].stats.prompt_cached == 0
 
 
-def test_slots_are_at_most_the_engines_sequences():
+def test_no_prompt_cache_keeps_nothing():
+    target, finals, _ = serve_in_turn([DOC, OTHER, DOC], slots=1, cache=0)
+    assert not target.saves and not target.restores and finals[2].stats.prompt_cached == 0
+
+
+def test_a_negative_prompt_cache_is_refused():
     import pytest
     with pytest.raises(ValueError):
-        Scheduler(FakeEngine(n_seq=2), max_queue=1, slots=3)
+        Scheduler(FakeEngine(n_seq=2), max_queue=1, cache=-1)
 
 
 def test_metrics_parse_and_match_the_responses_stats():

@@ -1,5 +1,6 @@
-"""`serve`'s choice of slots and prompt-cache sequences (commands/serve._open_slots) on scripted
-plans: the default cache only when it costs the slots nothing, an explicit one or refused."""
+"""`serve`'s choice of slots and prompt-cache size (commands/serve._open_slots) on scripted plans:
+the engine loads the slots only (the cache is in host memory), the default cache only when its
+plan costs the slots nothing, an explicit one kept or refused."""
 
 from __future__ import annotations
 
@@ -37,28 +38,28 @@ def loaded(monkeypatch):
     def run(fits, parallel=None, cache=None):
         resolve, asked = plans(fits)
         monkeypatch.setattr(S, "resolve", resolve)
-        resolved, engine, slots = S._open_slots({"exact": False}, None, parallel, cache)
-        return engine[1], slots, asked
+        resolved, engine, slots, cached = S._open_slots({"exact": False}, None, parallel, cache)
+        return engine[1], slots, cached, asked
 
     return run
 
 
-def test_the_default_cache_is_as_many_sequences_as_slots_when_it_costs_nothing(loaded):
-    assert loaded(lambda n: (8192, 0)) == (8, 4, [4, 8])
+def test_the_default_cache_is_as_many_prompts_as_slots_when_it_costs_nothing(loaded):
+    assert loaded(lambda n: (8192, 0)) == (4, 4, 4, [4, 8])
 
 
 def test_the_default_cache_is_left_out_when_it_would_shrink_the_context_or_move_layers(loaded):
-    assert loaded(lambda n: (8192 if n <= 4 else 4096, 0))[:2] == (4, 4)
-    assert loaded(lambda n: (8192, 28 if n <= 4 else 20))[:2] == (4, 4)
-    assert loaded(lambda n: (8192, 0) if n <= 4 else None)[:2] == (4, 4)
+    assert loaded(lambda n: (8192 if n <= 4 else 4096, 0))[:3] == (4, 4, 0)
+    assert loaded(lambda n: (8192, 28 if n <= 4 else 20))[:3] == (4, 4, 0)
+    assert loaded(lambda n: (8192, 0) if n <= 4 else None)[:3] == (4, 4, 0)
 
 
 def test_slots_shrink_to_fit_before_the_cache_is_tried(loaded):
-    assert loaded(lambda n: (2048, 0) if n <= 3 else None) == (3, 3, [4, 3, 6])
+    assert loaded(lambda n: (2048, 0) if n <= 3 else None) == (3, 3, 0, [4, 3, 6])
 
 
 def test_an_explicit_cache_is_kept_or_refused(loaded):
-    assert loaded(lambda n: (8192 if n <= 2 else 4096, 0), parallel=2, cache=3)[:2] == (5, 2)
+    assert loaded(lambda n: (8192 if n <= 2 else 4096, 0), parallel=2, cache=3)[:3] == (2, 2, 3)
     with pytest.raises(PlanError):
         loaded(lambda n: (8192, 0) if n <= 2 else None, parallel=2, cache=3)
-    assert loaded(lambda n: (8192, 0), parallel=2, cache=0) == (2, 2, [2])
+    assert loaded(lambda n: (8192, 0), parallel=2, cache=0) == (2, 2, 0, [2])
