@@ -321,9 +321,8 @@ class Scheduler:
         held = list(target.seq(slot).tokens)
         if not self.cache_size or len(held) - common_prefix_len(held, tokens) < MIN_SHARED_PREFIX:
             return
-        if any(common_prefix_len(target.seq(s).tokens, held) == len(held) for s in range(self.engine.n_seq) if s != slot):
-            return
-        if any(common_prefix_len(c.tokens, held) == len(held) for c in self._cache):
+        holders = [target.seq(s).tokens for s in range(self.engine.n_seq) if s != slot] + [c.tokens for c in self._cache]
+        if any(common_prefix_len(h, held) == len(held) for h in holders):
             return
         # a saved prompt that is a prefix of this one is held twice once this one is saved
         self._cache = [c for c in self._cache if common_prefix_len(c.tokens, held) < c.n_tokens]
