@@ -152,8 +152,9 @@ class LoadParams:
         """How several sequences share the context's KV cache. With a stream per sequence llama.cpp
         splits a batch into passes of consecutive sequence ids holding equal rows ("equal split"):
         rows (8, 4, 2, 1) of four sequences run as four passes. One unified cache runs any mix of
-        sequences' rows as one pass (as llama-server's -kvu), and flash attention skips the other
-        sequences' cells, so the fast kernels use it. Exact kernels keep a stream per sequence: a
+        sequences' rows as one pass (as llama-server's -kvu), so the fast kernels use it; flash
+        attention skips the other sequences' cells, but every pass still spans all cells in use
+        (which is why the prompt cache is kept out of it: SavedSeq). Exact kernels keep a stream per sequence: a
         row's attention then reads only its own sequence's cells, summed the same whatever else is
         in the batch, which is what makes a request's answer independent of its neighbours."""
         return self.fast and self.n_seq > 1
