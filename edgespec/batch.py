@@ -80,14 +80,14 @@ class Batcher:
         exact kernels cap the rows below the number of sequences). Returns what each emitted."""
         t0 = time.perf_counter()
         events: dict[int, list[TokenEvent]] = {}
-        decoding = [i for i, d in enumerate(members) if not d.done and not d.prefill_left]
-        parts = self._prefill(members, [i for i, d in enumerate(members) if not d.done and d.prefill_left],
-                              len(decoding))
+        live = [i for i, d in enumerate(members) if not d.done]
+        decoding = [i for i in live if not members[i].prefill_left]
+        parts, finishing = self._prefill(members, [i for i in live if members[i].prefill_left], len(decoding))
         total = 0
-        if decoding:
+        if decoding or finishing:
             # whose drafts are planned first (and so see the emptiest batch) rotates every step
-            self._turn = (self._turn + 1) % len(decoding)
-            order = decoding[self._turn:] + decoding[: self._turn]
+            self._turn = (self._turn + 1) % max(1, len(decoding))
+            order = decoding[self._turn:] + decoding[: self._turn] + finishing
             while order:
                 room = self.max_rows - sum(len(p[1]) for p in parts)
                 group, order = order[: max(1, room)], order[max(1, room):]
@@ -98,22 +98,28 @@ class Batcher:
             self._decode(members, parts, events, 0.0)
         return StepResult(events, total, time.perf_counter() - t0)
 
-    def _prefill(self, members, reading: list[int], n_decoding: int) -> list:
-        """Prompt chunks for this step: mixed into the verify batch, or (exact) decoded alone now,
-        one sequence at a time in whole chunks, so a prompt's chunks (and so its KV) are the same
-        whatever else runs."""
-        parts = []
+    def _prefill(self, members, reading: list[int], n_decoding: int) -> tuple[list, list[int]]:
+        """Prompt chunks for this step, shortest prompt first (a short one is not kept behind a long
+        one), and the sequences whose prompt ends in this step: their first round is planned with
+        the rest of the prompt (SpeculativeDecoder.plan), so they emit in this step. Exact kernels
+        decode the chunks alone now, one sequence at a time in whole chunks, so a prompt's chunks
+        (and so its KV) are the same whatever else runs."""
+        parts, finishing = [], []
         # with nobody waiting on tokens, a step may read a whole batch of prompt; otherwise the step
         # holds prefill_chunk rows (prefill_rows) with each decoding sequence's one
         budget = max(1, min(self.prefill_chunk, self.n_batch) - n_decoding) if n_decoding else self.n_batch
+        reading = sorted(reading, key=lambda i: members[i].prefill_left)
         if self.exact:
             reading = reading[:1]
             budget = self.prefill_chunk
-        elif not n_decoding:
-            reading = sorted(reading, key=lambda i: members[i].prefill_left)
         for i in reading:
-            if parts and not n_decoding and members[i].prefill_left > budget:
+            left = members[i].prefill_left
+            if (parts or finishing) and not n_decoding and left > budget:
                 break
+            if not self.exact and left < budget:  # the rest of the prompt and the round's first row
+                finishing.append(i)
+                budget -= left + 1
+                continue
             chunk = members[i].prefill_chunk(budget) if budget > 0 else []
             if not chunk:
                 break
@@ -123,20 +129,25 @@ class Batcher:
                 members[i].prefilled(len(chunk))
             else:
                 parts.append((members[i].target, chunk, [], i))
-        return parts
+        return parts, finishing
 
     def _verify(self, members, group: list[int], parts: list, events) -> int:
         """Plan each sequence's round seeing what the batch holds (prompt chunks, the rounds planned
-        before it, one row for each sequence still to plan); decode them together; apply."""
-        load = Load(prompt_rows=tuple(len(p[1]) for p in parts), streams=not self.target.unified_kv)
-        alone = len(group) == 1 and not parts
+        before it, one row for each sequence still to plan); decode them together; apply. A sequence
+        still reading its prompt reads the rest of it in the same batch, just before its round."""
+        rest = [members[i].prefill_left for i in group if members[i].prefill_left]
+        # one sequence alone runs as one pass with a KV stream too
+        streams = not self.target.unified_kv and len(group) + len(parts) > 1
+        load = Load(prompt_rows=(*(len(p[1]) for p in parts), *rest), streams=streams)
+        alone = len(group) == 1 and not parts and not rest
         for n, i in enumerate(group):
             d = members[i]
             later = len(group) - n - 1  # each later sequence needs at least its one row
             limit = max(0, self.max_rows - load.rows - later - 1)
             ahead = load.expecting(later)
+            prompt = d.prefill_chunk(d.prefill_left)
             batch = d.plan(k_limit=limit, load=None if alone else ahead)
-            parts.append((d.target, batch, list(range(len(batch))), i))
+            parts.append((d.target, prompt + batch, list(range(len(prompt), len(prompt) + len(batch))), i))
             drafted = d.planned.source == "draft" and bool(d.planned.tokens)
             load = load.plus(len(batch), d.expected_tokens,
                              (len(batch) - 1) * d.controller.cost.draft_cost if drafted else 0.0)

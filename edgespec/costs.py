@@ -42,10 +42,12 @@ def staircase(verify: Mapping[int, float], k: int, slope: float = PRIOR_VERIFY_S
         # t(20) 345, t(24) 408; a line from 16 to 24 says 276 for 17). Unmeasured sizes
         # may cost up to that much; the measured, tile-aligned ones are what the choice should use.
         return max(verify[above[0]], verify[below[-1]])
-    # Outside the measured range: extend with the slope of the nearest end.
+    # Outside the measured range: extend with the slope of the nearest end; below the smallest
+    # measured size, never under one pass (a table of one large batch that ran at a single pass's
+    # speed, as live timing may first see, would otherwise extrapolate to nothing).
     a = below[-1] if below else above[0]
     end_slope = max((verify[a] - 1.0) / (a - 1), MIN_SLOPE)
-    return verify[a] + end_slope * (k - a)
+    return max(1.0, verify[a] + end_slope * (k - a))
 
 
 @dataclass(frozen=True)

@@ -204,10 +204,16 @@ class SpeculativeDecoder:
         return self._todo[:n]
 
     def prefilled(self, n: int) -> None:
+        self._read(n)
+        if not self._todo:
+            self._check_end()
+
+    def _read(self, n: int) -> None:
+        if not n:
+            return
         del self._todo[:n]
         if not self._todo:
             self.stats.prompt_s = self.clock() - self.stats.start
-            self._check_end()
 
     @property
     def done(self) -> bool:
@@ -221,10 +227,15 @@ class SpeculativeDecoder:
         """Draft for the next round; return the rows to verify: the last token, then the drafts.
 
         `k_limit` caps the draft (a batch's row budget); `load` is what the rest of the batch
-        already holds, so the draft length is chosen for the whole batch's throughput."""
-        assert not self.done and not self._todo, "plan() after the prompt is in and before the end"
+        already holds, so the draft length is chosen for the whole batch's throughput.
+
+        Planned before the prompt is all read, the round goes in the same batch as the rest of it
+        (`prefill_chunk(prefill_left)`, then these rows): the first token comes with the prompt's
+        last chunk instead of a pass later."""
+        assert not self.done, "plan() before the end"
         ctx = self._ctx
-        room = self.target.n_ctx - len(self.target.tokens) - 1
+        self._base = len(self.target.tokens) + len(self._todo)  # the cache's tokens before this round's rows
+        room = self.target.n_ctx - self._base - 1
         k_cap = min(room, self._max_tokens - self._emitted - 1, self._max_draft)
         if k_limit is not None:
             k_cap = min(k_cap, k_limit)
@@ -234,7 +245,6 @@ class SpeculativeDecoder:
         draft = self._draft(ctx, k_cap) if k_cap > 0 else EMPTY
         self._draft_s = self.clock() - t0
         self._pending = draft
-        self._base = len(self.target.tokens)
         return [ctx[-1], *draft.tokens]
 
     def apply(self, logits: np.ndarray, verify_s: float, batch_rows: int) -> list[TokenEvent]:
@@ -245,6 +255,7 @@ class SpeculativeDecoder:
         draft, self._pending = self._pending, None
         assert draft is not None, "apply() follows plan()"
         assert logits.shape[0] == len(draft.tokens) + 1, "one logits row per drafted token, plus one"
+        self._read(len(self._todo))  # the rest of the prompt, if planned with it, was read in the same batch
         n_acc, nxt = self._verify(self._ctx, draft, logits)
         if self.record_margins:
             self.stats.margins.extend(top2_margin(logits[i]) for i in range(n_acc + 1))
@@ -317,7 +328,7 @@ class SpeculativeDecoder:
             return EMPTY
         c = self.controller
         load = self._load
-        depth = len(self.target.tokens)  # tokens in the KV cache before this round's verify batch
+        depth = self._base
         candidate = EMPTY
         if self.ngram is not None and mode.uses_ngram:
             proposal = self.ngram.propose(ctx, min(k_cap, c.k_max))
@@ -349,7 +360,7 @@ class SpeculativeDecoder:
 
     def _probe_k(self, ctx: list[int], k_cap: int) -> int:
         """While the draft model looks unprofitable, try it now and then (backing off) in case that changed."""
-        if not self.controller.could_pay(self.controller.cost.draft_cost, k_cap, depth=len(self.target.tokens)):
+        if not self.controller.could_pay(self.controller.cost.draft_cost, k_cap, depth=self._base):
             return 0
         if self.drafter.behind(ctx) > self.PROBE_CATCHUP_MAX:
             return 0

@@ -323,8 +323,31 @@ def test_with_nobody_decoding_short_prompts_are_read_whole_before_a_long_one():
     decs = [eng.decoder(GREEDY, seq=i) for i in range(3)]
     for d, p in zip(decs, (long, short, shorter)):  # the long one came first
         d.start(p, 4)
-    eng.batcher.step(decs)
-    assert sorted(n for _, n, _ in eng.target.batches[0]) == [39, 89]  # whole; the long one waits
+    out = eng.batcher.step(decs)
+    # whole, each with its first round in the same batch (they emit now); the long one waits
+    assert sorted(n - w for _, n, w in eng.target.batches[0]) == [39, 89]
+    assert all(w >= 1 for _, _, w in eng.target.batches[0]) and sorted(out.events) == [1, 2]
     assert decs[0].prefill_left == 599 and not decs[1].prefill_left and not decs[2].prefill_left
     eng.batcher.step(decs)  # now two decode: the long prompt is read a chunk at a time beside them
     assert decs[0].prefill_left == 599 - (PREFILL_CHUNK - 2)  # the step holds PREFILL_CHUNK rows in all
+
+
+def test_beside_running_streams_a_short_prompt_is_read_before_a_long_one_and_emits_as_it_ends():
+    eng = engine(3, n_batch=512)
+    rng = np.random.default_rng(8)
+    running, long, short = ([int(t) for t in rng.integers(2, VOCAB, size=n)] for n in (30, 400, 40))
+    eng.target.reset()
+    decs = [eng.decoder(GREEDY, seq=i) for i in range(3)]
+    decs[0].start(running, 40)
+    eng.batcher.step(decs[:1])  # it decodes from now on
+    decs[1].start(long, 4)  # the long prompt came first
+    eng.batcher.step(decs[:2])
+    assert decs[1].prefill_left == 399 - (PREFILL_CHUNK - 1)
+    decs[2].start(short, 4)
+    eng.target.batches.clear()
+    out = eng.batcher.step(decs)
+    rows = {seq: (n, w) for seq, n, w in eng.target.batches[0]}
+    assert rows[2][0] - rows[2][1] == 39 and rows[2][1] >= 1  # all of the short prompt, then its round
+    assert 2 in out.events and len(out.events[2]) >= 1  # its first token in the step that read its prompt's end
+    assert decs[1].prefill_left == 399 - (PREFILL_CHUNK - 1) - (rows[1][0] if 1 in rows else 0)
+    assert sum(n - w for n, w in rows.values()) <= PREFILL_CHUNK  # prompt rows stay within the chunk

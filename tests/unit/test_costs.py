@@ -43,6 +43,14 @@ def test_within_one_depth_the_staircase_rule_holds():
     assert staircase({8: 3.0, 16: 4.0}, 12) == 4.0
 
 
+def test_below_the_smallest_measured_size_a_batch_costs_at_least_one_pass():
+    # live timing whose first batch was a prompt's last chunk with a round (52 rows) that ran as
+    # fast as a single pass: the flattest slope down from it must not reach zero (a division by it)
+    assert staircase({52: 1.0}, 2) == 1.0
+    assert staircase({52: 1.0}, 51) == pytest.approx(1.0)
+    assert staircase({8: 4.5}, 2) == pytest.approx(1.5)  # the line to v(1) = 1, as before
+
+
 def test_beyond_the_deepest_table_costs_keep_growing_as_in_the_last_stretch():
     per_token = (150.0 - 110.0) / (2048 - 512)
     assert DEEP.t_ms(1, 4096) == pytest.approx(150.0 + per_token * 2048)

@@ -313,7 +313,7 @@ def test_a_request_waiting_for_a_reader_that_leaves_reads_its_prompt_itself():
         s = Scheduler(engine, max_queue=8)
         doc = "a long shared document that both requests begin with. " * 8
         try:
-            engine.target.hold_if = lambda parts: not any(want for _, _, want in parts)  # a prompt chunk
+            engine.target.hold_if = lambda parts: any(len(t) > len(w) for _, t, w in parts)  # prompt tokens
             engine.gate.clear()
             a, b = job(doc + "first?"), job(doc + "second?")
             s.submit(a)
