@@ -156,7 +156,9 @@ class SpeculativeDecoder:
 
     # ---- one sequence, start to end -------------------------------------------------------
     def generate(self, prompt: Sequence[int], max_tokens: int) -> Iterator[TokenEvent]:
-        """Decode alone: the same steps a batch scheduler runs for many sequences, with one."""
+        """Decode alone: the steps a batch scheduler runs for many sequences, with one (here the
+        prompt is read in a batch of its own and the first round follows it; the batcher runs a
+        prompt's last chunk and its first round together)."""
         self.start(prompt, max_tokens)
         try:
             if self.prefill_left:
@@ -328,7 +330,7 @@ class SpeculativeDecoder:
             return EMPTY
         c = self.controller
         load = self._load
-        depth = self._base
+        depth = self._base  # tokens in the KV cache before this round's rows
         candidate = EMPTY
         if self.ngram is not None and mode.uses_ngram:
             proposal = self.ngram.propose(ctx, min(k_cap, c.k_max))
