@@ -46,6 +46,17 @@ def prompts(n: int) -> list[list[int]]:
     return [[int(t) for t in rng.integers(2, VOCAB, size=20 + 15 * i)] for i in range(n)]
 
 
+def random_prompts(seed: int, *sizes: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(2, VOCAB, size=n)] for n in sizes]
+
+
+def fresh_decoders(eng: Engine, n: int) -> list:
+    """Decoders for sequences 0..n-1 of an emptied target."""
+    eng.target.reset()
+    return [eng.decoder(GREEDY, seq=i) for i in range(n)]
+
+
 def alone(eng: Engine, prompt, max_tokens=60) -> list[int]:
     eng.target.reset()
     dec = eng.decoder(GREEDY, seq=0)
@@ -317,10 +328,8 @@ def test_with_nobody_decoding_a_step_reads_a_whole_batch_of_prompt():
 
 def test_with_nobody_decoding_short_prompts_are_read_whole_before_a_long_one():
     eng = engine(3, n_batch=256)
-    rng = np.random.default_rng(6)
-    long, short, shorter = ([int(t) for t in rng.integers(2, VOCAB, size=n)] for n in (600, 90, 40))
-    eng.target.reset()
-    decs = [eng.decoder(GREEDY, seq=i) for i in range(3)]
+    long, short, shorter = random_prompts(6, 600, 90, 40)
+    decs = fresh_decoders(eng, 3)
     for d, p in zip(decs, (long, short, shorter)):  # the long one came first
         d.start(p, 4)
     out = eng.batcher.step(decs)
@@ -334,10 +343,8 @@ def test_with_nobody_decoding_short_prompts_are_read_whole_before_a_long_one():
 
 def test_beside_running_streams_a_short_prompt_is_read_before_a_long_one_and_emits_as_it_ends():
     eng = engine(3, n_batch=512)
-    rng = np.random.default_rng(8)
-    running, long, short = ([int(t) for t in rng.integers(2, VOCAB, size=n)] for n in (30, 400, 40))
-    eng.target.reset()
-    decs = [eng.decoder(GREEDY, seq=i) for i in range(3)]
+    running, long, short = random_prompts(8, 30, 400, 40)
+    decs = fresh_decoders(eng, 3)
     decs[0].start(running, 40)
     eng.batcher.step(decs[:1])  # it decodes from now on
     decs[1].start(long, 4)  # the long prompt came first
