@@ -28,6 +28,9 @@ POOL_DECAY = 0.7  # the pool follows the last few rounds: text turns from prose 
 # of the answer's own runs, so a few earlier breaks shade a long bet and many decide it (weights
 # 2 to 16 were compared in the replay harness on five machines' costs: see README).
 HISTORY_WEIGHT = 8.0
+# A draft expected to gain less than this is a close call: a shape error could have made it, so it
+# gives way to a single pass when live timing needs one (timing.SHAPE_ANCHOR).
+ANCHOR_GAIN = 1.3
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -312,6 +315,9 @@ class Controller:
                 best = Choice(k, s, tokens)
         if self.allow_off and best.expected_speedup < 1.0 + self.margin:
             return Choice(0, 1.0)
+        if (self.allow_off and self.learn_timing and not load.seq_rows and best.expected_speedup < ANCHOR_GAIN
+                and self.timing.wants_single):
+            return Choice(0, 1.0)  # a close call: a single pass anchors live timing (timing.SHAPE_ANCHOR)
         return best
 
     def _rates(self, path: Sequence[tuple[Key, int]], n: int) -> list[float]:
@@ -357,9 +363,7 @@ class Controller:
         """One target pass of n_tokens rows that ran with `depth` tokens already in the KV cache."""
         if not self.learn_timing or seconds <= 0:
             return
-        if self.timing.observe_verify(n_tokens, seconds, depth or 0):
-            # The profile disagrees with this run: its tables go, live estimates take their place.
-            self.cost.forget_measured()
+        self.timing.observe_verify(n_tokens, seconds, depth or 0)
         self._apply_live_timing()
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
@@ -369,18 +373,24 @@ class Controller:
         self._apply_live_timing()
 
     def _apply_live_timing(self) -> None:
-        if self.timing.reference is not None and not self.timing.stale:
-            # A measured profile that this run agrees with: its costs (repeated, interleaved, the
-            # fastest of each) are better than one run's passes, whose noise (a slow 64-row batch
-            # now and then) otherwise moved the draft lengths between identical runs (README,
-            # "Measured on this machine": the hints row before the fix).
-            return
-        self.cost.verify.update(self.timing.live_verify())
+        if self.timing.reference is not None:
+            # A measured profile keeps its tables (every batch size, at every depth measured), its
+            # shape corrected where this run's passes say it has drifted (timing.py). Stale (the
+            # machine's speed moved by a third) the same holds: only the scale moved, and the scale
+            # does not choose a draft length.
+            shape = self.timing.shape()
+            if shape != self.cost.live_shape:
+                self.cost.live_shape = shape
+            if not self.timing.stale:
+                return
+        else:
+            self.cost.verify.update(self.timing.live_verify())
         c = self.timing.live_draft_cost()
         if c is not None:
             self.cost.draft_cost = c
 
     @property
     def profile_stale(self) -> bool:
-        """Whether live timing replaced the saved profile's costs in this controller."""
+        """Whether this run found the saved profile's speed off by more than timing.STALE_RATIO (its
+        tables still give the shape, corrected by live timing; the draft's cost is then live)."""
         return self.timing.stale

@@ -23,6 +23,7 @@ from typing import Mapping
 # verifying k tokens costs about 1 + 0.5 (k - 1) single-token passes on a small CPU (measured here).
 PRIOR_VERIFY_SLOPE = 0.5
 MIN_SLOPE = 0.02  # extrapolating past the largest measured batch: never below 1 + 0.02 per row
+ANY_SIZE = 0  # CostModel.live_shape's key for the factor of all batches together (sizes not timed)
 
 
 def staircase(verify: Mapping[int, float], k: int, slope: float = PRIOR_VERIFY_SLOPE) -> float:
@@ -66,14 +67,18 @@ class CostModel:
     """Relative costs: v(k, depth) for a k-token verify batch; c = draft token / target token.
 
     `verify` and `t1_ms` are the table at depth 0 (a profile from before depth tables: its only
-    table, read as depth 0); `deeper` holds the tables measured at depths > 0. Live timing writes
-    `verify` (see Controller) after `forget_measured()`."""
+    table, read as depth 0); `deeper` holds the tables measured at depths > 0. Without a profile,
+    live timing writes `verify`; with one, `live_shape` (see Controller)."""
 
     verify: dict[int, float] = field(default_factory=dict)
     draft_cost: float = 0.6
     slope: float = PRIOR_VERIFY_SLOPE
     t1_ms: float | None = None  # the profile's own t(1) at depth 0: live timing is checked against it
     deeper: dict[int, DepthCosts] = field(default_factory=dict)
+    # Live timing's correction to the profile's shape: {k: factor} for the batch sizes this run
+    # timed and ANY_SIZE for the rest, v(k) multiplied by it (timing.LiveTiming.shape). Replaced
+    # whole, never mutated: copies made with dataclasses.replace share it.
+    live_shape: Mapping[int, float] = field(default_factory=dict)
 
     # ---- answers ------------------------------------------------------------------------------
     @property
@@ -84,8 +89,17 @@ class CostModel:
         if k <= 1:
             return 1.0
         if not self.depth_aware or depth <= 0:
-            return staircase(self.verify, k, self.slope)
-        return max(1.0, self._t_ms(k, depth) / self._t_ms(1, depth))
+            base = staircase(self.verify, k, self.slope)
+        else:
+            base = self._t_ms(k, depth) / self._t_ms(1, depth)
+        return max(1.0, base * self.shape_factor(k))
+
+    def shape_factor(self, k: int) -> float:
+        """Live timing's correction at batch size k: its own where this size was timed, else that of
+        all batches together; none before live timing has said anything."""
+        if not self.live_shape or k <= 1:
+            return 1.0
+        return self.live_shape.get(k, self.live_shape.get(ANY_SIZE, 1.0))
 
     def t_ms(self, k: int, depth: int = 0) -> float | None:
         """Milliseconds of a k-row batch at this depth; None without an absolute scale (no profile)."""
@@ -128,13 +142,6 @@ class CostModel:
         prev = ds[-2]
         growth = (t_lo - self._table(prev).t_ms(k, self.slope)) / (lo - prev)
         return t_lo + max(0.0, growth) * (depth - lo)
-
-    # ---- changes ------------------------------------------------------------------------------
-    def forget_measured(self) -> None:
-        """Drop the profile's tables (live timing takes over). New containers, not cleared ones:
-        copies of this model made with dataclasses.replace may share them."""
-        self.verify = {}
-        self.deeper = {}
 
     # ---- storage ------------------------------------------------------------------------------
     def to_json(self) -> dict:

@@ -16,6 +16,9 @@ depth it ran. The policies:
   emptied after 5 rounds in a row accepting under a quarter);
 - "plain": one token per pass.
 
+`replay_live` runs "auto" from a saved profile on a machine whose costs have moved since, with
+live timing on (a scripted clock charged each pass): how well the decoder notices and corrects.
+
 Only generation is modelled (prefill costs every policy the same), and no draft model (its
 proposals are not in a recording). Pure: no llama_cpp, no clock; recordings and cost tables are
 JSON files (tests/data/).
@@ -122,6 +125,33 @@ class RecordedTarget:
         return token == EOS
 
 
+class ScriptedClock:
+    """The decoder's clock in a live replay: it moves only when a pass is charged."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedTarget(RecordedTarget):
+    """A recorded target whose every pass advances the clock by what it costs on the machine
+    (`charge`, at the pass's depth), times a seeded log-normal noise of `noise` (a run's passes
+    are never the profile's to the millisecond)."""
+
+    def __init__(self, prompt, truth, vocab, *, clock: ScriptedClock, charge: CostModel, noise: float, seed: int):
+        super().__init__(prompt, truth, vocab)
+        self.clock, self.charge, self.noise = clock, charge, noise
+        self.rng = np.random.default_rng(seed)
+
+    def decode(self, tokens, logits_for=()):
+        tokens = list(tokens)
+        ms = self.charge.t_ms(len(tokens), len(self.tokens))
+        self.clock.now += ms * float(np.exp(self.rng.normal(0.0, self.noise))) / 1000.0 if self.noise else ms / 1000.0
+        return super().decode(tokens, logits_for)
+
+
 def _cost_of(passes: Sequence[tuple[int, int]], cost: CostModel) -> float:
     return sum(cost.t_ms(rows, depth) for rows, depth in passes)
 
@@ -155,22 +185,47 @@ def linear_between(cost: CostModel, up_to: int = 80) -> CostModel:
 
 
 # ---- the policies ------------------------------------------------------------------------------------
+def _decode_auto(rec: Recording, profile: CostModel, target_of: Callable[..., RecordedTarget], *, spec: SpecConfig,
+                 learn_timing: bool, clock: ScriptedClock) -> tuple[RecordedTarget, list]:
+    """edgespec's decoder (--spec auto, no draft model) on this recording, choosing from `profile`;
+    the target is target_of(prompt, truth, vocab). Returns the target (its passes) and the rounds."""
+    prompt, truth = rec.dense()
+    target = target_of(prompt, truth, max([*prompt, *truth]) + 1)
+    k_max = DraftLimits.of(spec, profile).draft_max
+    ctl = Controller(CostModel.from_json(profile.to_json()), k_min=spec.draft_min, k_max=k_max, allow_off=True,
+                     learn_timing=learn_timing)
+    dec = SpeculativeDecoder(target, SamplingConfig(), ctl, SpecSettings(mode="auto", draft_max=k_max),
+                             ngram=NgramDrafter(spec.ngram_min, spec.ngram_max), clock=clock)
+    out = [e.token for e in dec.generate(prompt, len(truth))]
+    assert out == truth[: len(out)] and len(out) == len(truth) - 1, "the replayed answer is the recording"
+    return target, dec.stats.rounds
+
+
+def _outcome(policy: str, target: RecordedTarget, rounds, charge: CostModel) -> Replayed:
+    return Replayed(policy, len(target.truth) - 1, len(target.passes), sum(r.drafted for r in rounds),
+                    sum(r.accepted for r in rounds), _cost_of(target.passes, charge), tuple(target.passes))
+
+
 def replay_auto(rec: Recording, cost: CostModel, *, spec: SpecConfig = SpecConfig(),
                 charge: CostModel | None = None) -> Replayed:
     """edgespec's decoder as it is (--spec auto, no draft model) on this recording, choosing from
     `cost`; its passes charged from `charge` (default: `cost`)."""
-    prompt, truth = rec.dense()
-    target = RecordedTarget(prompt, truth, max([*prompt, *truth]) + 1)
-    k_max = DraftLimits.of(spec, cost).draft_max
-    ctl = Controller(CostModel.from_json(cost.to_json()), k_min=spec.draft_min, k_max=k_max, allow_off=True,
-                     learn_timing=False)
-    dec = SpeculativeDecoder(target, SamplingConfig(), ctl, SpecSettings(mode="auto",
-                             draft_max=k_max), ngram=NgramDrafter(spec.ngram_min, spec.ngram_max))
-    out = [e.token for e in dec.generate(prompt, len(truth))]
-    assert out == truth[: len(out)] and len(out) == len(truth) - 1, "the replayed answer is the recording"
-    rounds = dec.stats.rounds
-    return Replayed("auto", len(out), len(target.passes), sum(r.drafted for r in rounds),
-                    sum(r.accepted for r in rounds), _cost_of(target.passes, charge or cost), tuple(target.passes))
+    target, rounds = _decode_auto(rec, cost, RecordedTarget, spec=spec, learn_timing=False, clock=ScriptedClock())
+    return _outcome("auto", target, rounds, charge or cost)
+
+
+def replay_live(rec: Recording, profile: CostModel, machine: CostModel, *, noise: float = 0.05, seed: int = 0,
+                spec: SpecConfig = SpecConfig()) -> Replayed:
+    """edgespec's decoder choosing from a saved `profile` on a `machine` whose costs may have moved
+    since (measured later, or another machine): its passes take the machine's time (linear_between)
+    on a scripted clock, and live timing checks and corrects the profile as it does in a real run."""
+    clock, charge = ScriptedClock(), linear_between(machine)
+
+    def timed(prompt, truth, vocab):
+        return TimedTarget(prompt, truth, vocab, clock=clock, charge=charge, noise=noise, seed=seed)
+
+    target, rounds = _decode_auto(rec, profile, timed, spec=spec, learn_timing=True, clock=clock)
+    return _outcome("auto-live", target, rounds, charge)
 
 
 class NgramSimple:

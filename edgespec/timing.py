@@ -20,6 +20,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .costs import ANY_SIZE
+
 # A profile is stale when the median of the last STALE_PASSES target passes, each compared with
 # what the profile predicts for its batch size, is off by more than STALE_RATIO either way.
 # The median over a window, not a streak: one quick pass must not hide a busy minute, and one
@@ -28,6 +30,19 @@ STALE_RATIO = 0.30
 STALE_PASSES = 20
 STALE_MESSAGE = "profile looks stale: using live timing; rerun edgespec profile"
 EMA_WEIGHT = 0.2  # weight of the newest pass in the running estimates
+# The profile's shape (v(k) = t(k)/t(1)) drifts with the machine even while its scale holds: on
+# one Xeon t(1) fell by a third within hours and v(16) rose from 3.6 to 4.2. Each batch size's
+# recent passes, against the profile's time for them at their depth, correct v(k) by the ratio of
+# their median to single passes' median: over the last SHAPE_WINDOW passes of a size, counted
+# once both have SHAPE_MIN_PASSES, and only past SHAPE_TOLERANCE (closer is noise: one slow
+# batch must not move the draft lengths between identical runs).
+SHAPE_WINDOW = 9
+SHAPE_MIN_PASSES = 3
+SHAPE_TOLERANCE = 0.1
+# The correction is anchored on single passes; a decoder drafting every round (batches the profile
+# calls nearly free) makes none, and would never learn they are not. After SHAPE_ANCHOR passes
+# without one, a round whose draft is a close call is decoded plain (Controller.choose).
+SHAPE_ANCHOR = 16
 
 
 def _ema(prev: float | None, x: float) -> float:
@@ -51,6 +66,9 @@ class LiveTiming:
     stale: bool = False
     _ratios: deque = field(default_factory=deque, repr=False)
     _implied_t1: deque = field(default_factory=deque, repr=False)
+    _by_size: dict = field(default_factory=dict, repr=False)  # k -> recent seconds / profile's, per size
+    _batches: deque = field(default_factory=lambda: deque(maxlen=SHAPE_WINDOW), repr=False)  # any k > 1
+    _since_single: int = 0  # passes since the last single-row one
     _noticed: bool = False
 
     def __post_init__(self) -> None:
@@ -62,14 +80,20 @@ class LiveTiming:
         """Record one target pass of n_tokens run at `depth`; True when this pass made the profile stale."""
         if n_tokens < 1 or seconds <= 0:
             return False
+        self._since_single = 0 if n_tokens == 1 else self._since_single + 1
         if n_tokens == 1:
             self.t1 = _ema(self.t1, seconds)
         else:
             self.tk[n_tokens] = _ema(self.tk.get(n_tokens), seconds)
-        if self.reference is None or self.stale:
+        if self.reference is None:
             return False
         expected = self.reference(n_tokens, depth)
         if not expected or expected <= 0:
+            return False
+        self._by_size.setdefault(n_tokens, deque(maxlen=SHAPE_WINDOW)).append(seconds / expected)
+        if n_tokens > 1:
+            self._batches.append(seconds / expected)
+        if self.stale:
             return False
         # t(1) at this depth implied by the pass, for the cost model once the profile is stale
         self._implied_t1.append(seconds * self.reference(1, depth) / expected)
@@ -101,6 +125,30 @@ class LiveTiming:
         if not t1:
             return {}
         return {k: max(1.0, t / t1) for k, t in self.tk.items()}
+
+    @property
+    def wants_single(self) -> bool:
+        """Whether the shape correction needs a single pass to anchor it (SHAPE_ANCHOR)."""
+        if self.reference is None:
+            return False
+        return len(self._by_size.get(1, ())) < SHAPE_MIN_PASSES or self._since_single >= SHAPE_ANCHOR
+
+    def shape(self) -> dict[int, float]:
+        """{k: factor} correcting the profile's v(k) for each batch size timed often enough, and
+        for the rest (ANY_SIZE) all batches' together (CostModel.live_shape); a factor within
+        SHAPE_TOLERANCE of 1 is 1. Empty while nothing needs correcting."""
+        singles = self._by_size.get(1)
+        if not singles or len(singles) < SHAPE_MIN_PASSES:
+            return {}
+        r1 = statistics.median(singles)
+
+        def factor(ratios) -> float:
+            f = statistics.median(ratios) / r1
+            return f if abs(f - 1.0) > SHAPE_TOLERANCE else 1.0
+
+        sizes = {ANY_SIZE: self._batches, **{k: r for k, r in self._by_size.items() if k > 1}}
+        out = {k: factor(r) for k, r in sizes.items() if len(r) >= SHAPE_MIN_PASSES}
+        return out if any(f != 1.0 for f in out.values()) else {}
 
     def live_draft_cost(self) -> float | None:
         t1 = self.live_t1()

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from edgespec.controller import Controller
-from edgespec.costs import CostModel, DepthCosts, staircase
+from edgespec.costs import CostModel, staircase
 
 # Shaped like the AVX2 machine of issue 25: a single pass slows a lot with the context, a batch little.
 DEEP = CostModel.from_ms({0: {1: 70.0, 8: 448.0, 16: 560.0, 64: 2135.0},
@@ -68,11 +68,15 @@ def test_json_round_trip_keeps_every_depth_and_ignores_a_damaged_one():
     assert CostModel.from_json(data).depths() == [0, 512, 2048]
 
 
-def test_forgetting_the_profile_leaves_copies_alone():
-    copy = replace(DEEP, verify=dict(DEEP.verify))
-    copy.forget_measured()
-    assert copy.verify == {} and copy.deeper == {}
-    assert DEEP.deeper[512] == DepthCosts(110.0, DEEP.deeper[512].verify)
+def test_a_live_shape_scales_v_where_timed_and_by_the_batches_pooled_elsewhere():
+    live = replace(DEEP, verify=dict(DEEP.verify), live_shape={16: 1.25, 0: 1.1})
+    for depth in (0, 300, 2048, 4096):
+        assert live.v(16, depth) == pytest.approx(DEEP.v(16, depth) * 1.25)
+        assert live.v(8, depth) == pytest.approx(DEEP.v(8, depth) * 1.1)  # not timed: the pooled factor
+        assert live.v(1, depth) == 1.0
+        assert live.t_ms(16, depth) == DEEP.t_ms(16, depth)  # the profile's own times stay as measured
+    assert replace(DEEP, live_shape={2: 0.1}).v(2) == 1.0  # never below one pass
+    assert DEEP.live_shape == {} and DEEP.v(16) == pytest.approx(560.0 / 70.0)  # the original untouched
 
 
 def test_the_choice_drafts_longer_at_depth_where_batches_grow_less_than_single_passes():

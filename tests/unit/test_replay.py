@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from edgespec.costs import CostModel
-from edgespec.replay import (EOS, NgramMod, NgramSimple, Recording, RecordedTarget, load_cost_table, replay,
-                             replay_fixed)
+from edgespec.replay import (EOS, NgramMod, NgramSimple, Recording, RecordedTarget, linear_between, load_cost_table,
+                             replay, replay_fixed, replay_live)
 
 DATA = Path(__file__).parent.parent / "data"
 TABLES = sorted((DATA / "costs").glob("*.json"))
@@ -223,3 +223,82 @@ def test_auto_is_never_much_slower_than_plain_where_little_is_copied(table, rec)
 def test_every_known_loss_names_a_stored_table_and_recording():
     assert {t for t, _ in KNOWN_LOSSES} | set(KNOWN_SHORT) <= {p.stem for p in TABLES}
     assert {r for _, r in KNOWN_LOSSES} <= {p.stem for p in RECORDINGS}
+
+
+# ---- a saved profile on a machine that has moved since (live timing on a scripted clock) --------------
+LATER = DATA / "costs-later" / "intel-xeon-amx-17h.json"  # the amx machine's profile seven hours on
+NOISE = 0.08  # each pass +-8% (log-normal): a real run's passes are never the profile's to the millisecond
+
+
+def geomean(xs) -> float:
+    import math
+
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def live_against(profile: CostModel, machine: CostModel) -> dict[str, list[tuple[float, float]]]:
+    """Per group of recordings, (auto choosing from `profile` without live timing, with it) as
+    ratios to the machine's reference: the best fixed mode on copies, plain elsewhere."""
+    out: dict[str, list[tuple[float, float]]] = {"copy": [], "few": []}
+    charge = linear_between(machine)
+    for path in RECORDINGS:
+        rec = Recording.load(path)
+        copy = rec.category in COPY_HEAVY
+        ref = min(replay(p, rec, machine).ms for p in FIXED) if copy else replay("plain", rec, machine).ms
+        fixed = replay("auto", rec, profile, charge=charge).ms
+        live = replay_live(rec, profile, machine, noise=NOISE).ms
+        out["copy" if copy else "few"].append((ref / fixed, ref / live))
+    return out
+
+
+@pytest.mark.parametrize("table", TABLES, ids=[t.stem for t in TABLES])
+def test_live_timing_on_the_profiled_machine_changes_next_to_nothing(table):
+    cost = load_cost_table(table)
+    for group, pairs in live_against(cost, cost).items():
+        fixed, live = geomean([f for f, _ in pairs]), geomean([x for _, x in pairs])
+        assert live >= 0.985 * fixed, (group, fixed, live)
+
+
+def test_a_profile_that_drifted_is_corrected_where_little_is_copied():
+    # the amx Xeon's morning profile on the same machine seven hours later: single passes a third
+    # faster, batches less so (v(16) 3.6 -> 4.2). Without live timing the old shape drafts in prose
+    # and summaries that no longer pay.
+    morning, later = load_cost_table(TABLES[[t.stem for t in TABLES].index("intel-xeon-amx")]), load_cost_table(LATER)
+    res = live_against(morning, later)
+    few_fixed, few_live = geomean([f for f, _ in res["few"]]), geomean([x for _, x in res["few"]])
+    assert few_fixed < 0.965 and few_live >= 0.97 and few_live >= few_fixed + 0.01, (few_fixed, few_live)
+    copy_fixed, copy_live = geomean([f for f, _ in res["copy"]]), geomean([x for _, x in res["copy"]])
+    assert copy_live >= 0.99 * copy_fixed and copy_live >= 1.15, (copy_fixed, copy_live)
+
+
+def test_a_decoder_that_drafts_every_round_still_learns_what_single_passes_cost():
+    # the AVX2 EPYC's profile (deep in a prompt a 2-row batch costs 1.02 single passes there) on the
+    # AVX-512 EPYC (1.97): drafting one token every round never times a single pass to compare with,
+    # unless a close call gives way to one (timing.SHAPE_ANCHOR)
+    avx2, avx512 = (load_cost_table(DATA / "costs" / f"{n}.json") for n in ("amd-epyc-avx2", "amd-epyc-avx512"))
+    rec = Recording.load(DATA / "recordings" / "rag-with-own-words.json")
+    plain = replay("plain", rec, avx512).ms
+    assert plain / replay("auto", rec, avx2, charge=linear_between(avx512)).ms < 0.75
+    for seed in range(3):
+        assert plain / replay_live(rec, avx2, avx512, noise=NOISE, seed=seed).ms >= 0.95
+
+
+def test_replay_compare_prints_a_profile_used_on_another_machine(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "r").mkdir()
+    shutil.copy(DATA / "costs" / "intel-xeon-amx.json", tmp_path / "t")
+    for name in ("copy-fix-bisect", "summ-raise"):
+        shutil.copy(DATA / "recordings" / f"{name}.json", tmp_path / "r")
+    script = Path(__file__).parent.parent.parent / "scripts" / "replay_compare"
+    out = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
+                          str(tmp_path / "r"), "--machine", str(LATER)], capture_output=True, text=True, check=True).stdout
+    assert "## intel-xeon-amx used on intel-xeon-amx-17h" in out
+    header = next(line for line in out.splitlines() if line.startswith("| recording"))
+    assert header.split(" | ")[2:5] == ["plain", "auto", "auto-live"]
+    assert "geometric mean of auto-live / best fixed on copy-heavy recordings" in out
+    rows = [line for line in out.splitlines() if line.startswith("| summ-raise")]
+    assert len(rows) == 1 and len(rows[0].split(" | ")) == len(header.split(" | "))

@@ -12,7 +12,8 @@ from edgespec.controller import Controller
 from edgespec.costs import CostModel
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder
-from edgespec.timing import STALE_MESSAGE, STALE_PASSES, LiveTiming
+from edgespec.controller import Load
+from edgespec.timing import SHAPE_ANCHOR, SHAPE_MIN_PASSES, STALE_MESSAGE, STALE_PASSES, LiveTiming
 
 from .fakes import FakeModel, table_lm
 
@@ -89,18 +90,64 @@ def profiled_cost(t1_ms: float, verify: dict[int, float]) -> CostModel:
     return cost
 
 
-def test_controller_replaces_the_stale_table_with_live_timing():
+def test_a_stale_profile_keeps_its_tables_and_live_timing_corrects_their_shape():
     # A profile measured elsewhere says batches are nearly free; this machine says otherwise.
     ctl = Controller(profiled_cost(30.0, {2: 1.05, 4: 1.1, 8: 1.2}), k_max=8)
     for _ in range(STALE_PASSES):
         ctl.observe_verify(1, 60 * MS)
     assert ctl.profile_stale
-    assert ctl.cost.verify == {}  # the profile's table is gone: prior slope until batches are seen
-    ctl.observe_verify(4, 150 * MS)
-    assert ctl.cost.v(4) == pytest.approx(2.5)
-    assert ctl.cost.v(8) > 2.5  # extrapolated from live points, not the profile's 1.2
+    assert ctl.cost.verify == {2: 1.05, 4: 1.1, 8: 1.2}  # twice as slow throughout: the same shape
+    assert ctl.cost.v(4) == pytest.approx(1.1)
+    for _ in range(SHAPE_MIN_PASSES):
+        ctl.observe_verify(4, 150 * MS)
+    assert ctl.cost.v(4) == pytest.approx(2.5)  # as timed: 150 ms against 60
+    assert ctl.cost.v(8) == pytest.approx(1.2 * 2.5 / 1.1)  # not timed: the batches' factor
     ctl.observe_draft(3, 45 * MS)
     assert ctl.cost.draft_cost == pytest.approx(0.25)
+
+
+def test_a_drifted_shape_is_corrected_before_the_profile_is_stale():
+    # t(1) as profiled, 4-row batches 40% dearer: not stale (the median pass agrees), but the
+    # draft lengths must see it
+    ctl = Controller(profiled_cost(30.0, {2: 1.5, 4: 2.0, 8: 3.0}), k_max=8)
+    for _ in range(SHAPE_MIN_PASSES):
+        ctl.observe_verify(1, 30 * MS)
+        ctl.observe_verify(4, 84 * MS)
+    assert not ctl.profile_stale
+    assert ctl.cost.v(4) == pytest.approx(2.8) and ctl.cost.v(8) == pytest.approx(4.2)
+    assert ctl.cost.verify == {2: 1.5, 4: 2.0, 8: 3.0}
+
+
+def test_a_size_timed_as_profiled_keeps_its_cost_when_other_sizes_drifted():
+    ctl = Controller(profiled_cost(30.0, {4: 2.0, 8: 3.0, 16: 4.0}), k_max=15)
+    for _ in range(SHAPE_MIN_PASSES):
+        ctl.observe_verify(1, 30 * MS)
+        ctl.observe_verify(4, 60 * MS)  # as profiled
+        ctl.observe_verify(8, 135 * MS)  # 50% dearer
+    assert ctl.cost.v(4) == pytest.approx(2.0)
+    assert ctl.cost.v(8) == pytest.approx(4.5)
+    assert ctl.cost.v(16) == pytest.approx(4.0 * 1.25)  # not timed: the median of all six batches
+
+
+def test_a_close_call_gives_way_to_a_single_pass_when_live_timing_has_none():
+    ctl = Controller(profiled_cost(30.0, {2: 1.02, 4: 1.5}), k_max=3)
+    assert ctl.timing.wants_single  # nothing timed yet
+    close = ctl.choose("x", 0.0, prior=0.3)  # a 1-token draft for 2% more: a close call
+    sure = ctl.choose("y", 0.0, prior=0.95)
+    assert close.k == 0 and sure.k == 3
+    for _ in range(SHAPE_MIN_PASSES):
+        ctl.observe_verify(1, 30 * MS)
+    assert not ctl.timing.wants_single and ctl.choose("x", 0.0, prior=0.3).k > 0
+    for _ in range(SHAPE_ANCHOR):
+        ctl.observe_verify(2, 30.6 * MS)
+    assert ctl.timing.wants_single and ctl.choose("x", 0.0, prior=0.3).k == 0
+    ctl.observe_verify(1, 30 * MS)
+    assert not ctl.timing.wants_single
+    # a batch of several sequences has no single passes to give: nothing is held back there
+    busy = Controller(profiled_cost(30.0, {2: 1.02, 4: 1.5}), k_max=3)
+    assert busy.choose("x", 0.0, prior=0.3, load=Load(seq_rows=(2,), tokens=1.5)).k > 0
+    off = Controller(profiled_cost(30.0, {2: 1.02, 4: 1.5}), k_max=3, learn_timing=False)
+    assert off.choose("x", 0.0, prior=0.3).k > 0
 
 
 def test_controller_with_a_good_profile_keeps_it_for_unseen_sizes():
@@ -237,7 +284,22 @@ def test_a_slower_machine_is_still_found_at_any_depth():
     ctl = Controller(depth_profile(), k_max=15)
     for k, depth, s in long_prompt_passes(n_prompt=450, slower=1.6):
         ctl.observe_verify(k, s, depth=depth)
-    assert ctl.profile_stale and ctl.cost.deeper == {} and ctl.cost.verify != {}
+    # 1.6 times slower at every size and depth: stale, and the profile's shape still holds
+    assert ctl.profile_stale and ctl.cost.deeper == depth_profile().deeper and ctl.cost.live_shape == {}
+
+
+def test_a_shape_drifted_at_depth_is_corrected_against_the_profile_at_that_depth():
+    # the machine's batches grew 30% dearer relative to single passes since the profile; every
+    # pass runs deep in a long prompt, where the profile's own v(k) is much lower than at depth 0
+    ctl = Controller(depth_profile(), k_max=15)
+    for k, depth, s in long_prompt_passes(n_prompt=1500):
+        ctl.observe_verify(k, s * (1.3 if k > 1 else 1.0), depth=depth)
+    assert not ctl.profile_stale
+    truth = CostModel.from_ms({d: {k: machine_ms(k, d) * (1.3 if k > 1 else 1.0) for k in (1, 2, 4, 8, 16)}
+                               for d in (0, 512, 2048)})
+    for k in (4, 8, 16):
+        assert ctl.cost.v(k, 1600) == pytest.approx(truth.v(k, 1600), rel=0.1)
+    assert ctl.cost.shape_factor(2) == pytest.approx(1.3, rel=0.05)  # not timed: the batches' factor
 
 
 class DepthClockModel(FakeModel):
