@@ -378,9 +378,7 @@ class Controller:
             # shape corrected where this run's passes say it has drifted (timing.py). Stale (the
             # machine's speed moved by a third) the same holds: only the scale moved, and the scale
             # does not choose a draft length.
-            shape = self.timing.shape()
-            if shape != self.cost.live_shape:
-                self.cost.live_shape = shape
+            self.cost.live_shape = self.timing.shape()
             if not self.timing.stale:
                 return
         else:

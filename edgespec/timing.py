@@ -90,14 +90,15 @@ class LiveTiming:
         expected = self.reference(n_tokens, depth)
         if not expected or expected <= 0:
             return False
-        self._by_size.setdefault(n_tokens, deque(maxlen=SHAPE_WINDOW)).append(seconds / expected)
+        ratio = seconds / expected
+        self._by_size.setdefault(n_tokens, deque(maxlen=SHAPE_WINDOW)).append(ratio)
         if n_tokens > 1:
-            self._batches.append(seconds / expected)
+            self._batches.append(ratio)
         if self.stale:
             return False
         # t(1) at this depth implied by the pass, for the cost model once the profile is stale
-        self._implied_t1.append(seconds * self.reference(1, depth) / expected)
-        self._ratios.append(seconds / expected)
+        self._implied_t1.append(ratio * self.reference(1, depth))
+        self._ratios.append(ratio)
         if len(self._ratios) < self.window:
             return False
         if abs(statistics.median(self._ratios) - 1.0) > self.tolerance:
