@@ -218,11 +218,11 @@ class Controller:
         self.priors = dict(priors or {})
         self.acceptance: dict[Key, Acceptance] = {}
         self.pooled: dict[str, Acceptance] = {}  # per drafter, all its states together (see capped_alpha)
-        # Timing learnt online; checked against the profile's own t(k, depth) when the cost model
+        # Timing learnt online; checked against the profile's typical t(k, depth) when the cost model
         # has an absolute scale (a profile measured on a busy machine is replaced by the live
         # estimate, see timing.py). A copy: live timing may replace this controller's tables.
         profile = replace(cost, verify=dict(cost.verify), deeper=dict(cost.deeper))
-        self.timing = LiveTiming(reference=(lambda k, d: profile.t_ms(k, d) / 1000.0) if cost.t1_ms else None)
+        self.timing = LiveTiming(reference=(lambda k, d: profile.typical_ms(k, d) / 1000.0) if cost.t1_ms else None)
 
     def estimate(self, key: Key, prior: float | None = None) -> Acceptance:
         """The acceptance estimate for `key`; a new one starts from the configured prior for the key

@@ -79,6 +79,11 @@ class CostModel:
     # timed and ANY_SIZE for the rest, v(k) multiplied by it (timing.LiveTiming.shape). Replaced
     # whole, never mutated: copies made with dataclasses.replace share it.
     live_shape: Mapping[int, float] = field(default_factory=dict)
+    # A typical pass over the fastest: the tables hold each size's fastest run (measure.py), a live
+    # pass is one run like any other, and on a jittery VM the median run is well above the fastest
+    # (README, *How it works*): checked against the fastest alone, a profile measured minutes
+    # before was called stale (measure.typical_factor; 1.0: a profile saved before it was measured).
+    typical: float = 1.0
 
     # ---- answers ------------------------------------------------------------------------------
     @property
@@ -108,6 +113,11 @@ class CostModel:
         if not self.depth_aware:
             return self.t1_ms * staircase(self.verify, k, self.slope)
         return self._t_ms(k, depth)
+
+    def typical_ms(self, k: int, depth: int = 0) -> float | None:
+        """What a typical k-row pass at this depth takes (t_ms times `typical`): live timing's reference."""
+        t = self.t_ms(k, depth)
+        return None if t is None else t * self.typical
 
     def t1_at(self, depth: int = 0) -> float | None:
         """t(1) in ms at this depth (None without a profile)."""
@@ -148,6 +158,8 @@ class CostModel:
         data = {"verify": {str(k): v for k, v in sorted(self.verify.items())}, "draft_cost": self.draft_cost}
         if self.t1_ms is not None:
             data["t1_ms"] = self.t1_ms
+        if self.typical != 1.0:
+            data["typical"] = self.typical
         if self.deeper:
             data["depths"] = {str(d): {"t1_ms": t.t1_ms, "verify": {str(k): v for k, v in sorted(t.verify.items())}}
                               for d, t in sorted(self.deeper.items())}
@@ -156,6 +168,7 @@ class CostModel:
     @classmethod
     def from_json(cls, data: dict) -> "CostModel":
         t1 = data.get("t1_ms")
+        typical = data.get("typical", 1.0)
         deeper = {}
         raw = data.get("depths")
         if isinstance(raw, dict):
@@ -172,6 +185,7 @@ class CostModel:
             draft_cost=float(data.get("draft_cost", 0.6)),
             t1_ms=float(t1) if isinstance(t1, (int, float)) and t1 > 0 else None,
             deeper=deeper,
+            typical=float(typical) if isinstance(typical, (int, float)) and 1.0 <= typical < 10.0 else 1.0,
         )
 
     @classmethod

@@ -96,6 +96,15 @@ class Load:
                 "load_avg": None if self.load_avg is None else round(self.load_avg, 2), "cores": self.cores}
 
 
+def typical_factor(runs: dict[int, list[float]]) -> float:
+    """How much slower a typical pass is than the fastest: over the batch sizes, the median of
+    (median of every timed run / fastest run). The tables keep the fastest runs (their ratios are
+    the shape); a live pass is one run like any other, so live timing checks it against the
+    fastest times this much slower (CostModel.typical)."""
+    factors = [statistics.median(xs) / min(xs) for xs in runs.values() if xs and min(xs) > 0]
+    return max(1.0, statistics.median(factors)) if factors else 1.0
+
+
 def summarize(samples: Sequence[float]) -> tuple[float, float]:
     """(cost, spread) of repeated timings: the fastest one, and median / fastest - 1."""
     if not samples:
@@ -250,7 +259,7 @@ def filler_tokens(model, n: int) -> list[int]:
 # ---- timing ------------------------------------------------------------------------------------
 def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callable[[], float] = time.perf_counter,
                  after_walk: Callable[[], None] | None = None, min_walk_ms: float = WALK_MIN_MS,
-                 depth: int = 0) -> dict[int, list[float]]:
+                 depth: int = 0, runs: dict[int, list[float]] | None = None) -> dict[int, list[float]]:
     """ms of a k-token batch with `depth` filler tokens in the KV cache, `repeats` samples per k,
     interleaved across k.
 
@@ -259,8 +268,9 @@ def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callab
     back to back until about `min_walk_ms` has passed and its sample is the fastest of those runs:
     a single 70 ms decode catches a hypervisor hiccup as easily as a whole slow minute, and the
     spread between walks should show the second, not the first. `after_walk` runs after each
-    walk (it may raise to stop early). The model is left holding the `depth` filler tokens: a deeper
-    call decodes only what it adds."""
+    walk (it may raise to stop early). `runs`, when given, gets every timed run of each size, not
+    only each walk's fastest (typical_factor). The model is left holding the `depth` filler tokens:
+    a deeper call decodes only what it adds."""
     filler = filler_tokens(model, depth + max(ks))
     kept = common_prefix_len(model.tokens, filler[:depth])  # what an earlier, shallower call left
     model.trim(kept)
@@ -275,13 +285,16 @@ def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callab
         model.decode(batch[:k], range(k))
         return (clock() - t0) * 1000
 
-    runs = {}
+    n_runs = {}
     for k in ks:  # warm-up: first graph builds and weight repacking are not steady-state costs
         first = run(k)
-        runs[k] = max(1, min(WALK_MAX_RUNS, round(min_walk_ms / first))) if first > 0 else 1
+        n_runs[k] = max(1, min(WALK_MAX_RUNS, round(min_walk_ms / first))) if first > 0 else 1
     for rep in range(repeats):
         for k in (ks if rep % 2 == 0 else list(reversed(ks))):
-            out[k].append(min(run(k) for _ in range(runs[k])))
+            times = [run(k) for _ in range(n_runs[k])]
+            out[k].append(min(times))
+            if runs is not None:
+                runs.setdefault(k, []).extend(times)
             progress.advance(1)
         if after_walk is not None:
             after_walk()
@@ -291,13 +304,15 @@ def time_batches(model, ks: Sequence[int], repeats: int, progress, clock: Callab
 
 def time_depths(model, ks: Sequence[int], depths: Sequence[int], repeats: int, progress,
                 clock: Callable[[], float] = time.perf_counter, after_walk: Callable[[], None] | None = None,
-                min_walk_ms: float = WALK_MIN_MS, budget_s: float = DEPTH_BUDGET_S) -> dict[int, dict[int, list[float]]]:
+                min_walk_ms: float = WALK_MIN_MS, budget_s: float = DEPTH_BUDGET_S,
+                runs: dict[int, list[float]] | None = None) -> dict[int, dict[int, list[float]]]:
     """time_batches at each depth, shallowest first (one growing prefill): {depth: {k: samples}}.
 
     The first depth gets `repeats`, the deeper ones DEEP_REPEATS. The deeper ones together get
     `budget_s`: before each, the last depth's time per walk (a deeper walk is slower still)
     estimates what it would take, and it and every deeper one are skipped when that would pass
-    the budget; the cost model then extrapolates from the depths measured."""
+    the budget; the cost model then extrapolates from the depths measured. `runs` gets every timed
+    run at the first depth (time_batches)."""
     out: dict[int, dict[int, list[float]]] = {}
     spent = walk_s = 0.0
     for i, d in enumerate(sorted(depths)):
@@ -306,7 +321,7 @@ def time_depths(model, ks: Sequence[int], depths: Sequence[int], repeats: int, p
             break
         t0 = clock()
         out[d] = time_batches(model, ks, reps, progress, clock=clock, after_walk=after_walk,
-                              min_walk_ms=min_walk_ms, depth=d)
+                              min_walk_ms=min_walk_ms, depth=d, runs=runs if i == 0 else None)
         took = clock() - t0
         walk_s = took / (reps + 1)  # the warm-up walk included
         if i:
@@ -391,10 +406,11 @@ def draft_acceptance(target_path: Path, draft_path: Path, plan, max_tokens: int 
 
 def measure(target_path: Path, draft_path: Path | None, plan, *, ks: Sequence[int] | None = None,
             repeats: int = REPEATS, progress=None, exact: bool = False, load_meter: LoadMeter | None = None,
-            stop_when_busy: bool = True) -> Measurement:
+            stop_when_busy: bool = True, clock: Callable[[], float] = time.perf_counter) -> Measurement:
     """Time everything; with stop_when_busy, raise MeasurementAborted as soon as the machine is
     seen busy (before starting, or after any walk over the batch sizes): such a measurement
-    would be rejected anyway, and on an oversubscribed CPU it can take many minutes."""
+    would be rejected anyway, and on an oversubscribed CPU it can take many minutes. `clock`
+    times the target's batches (tests script it)."""
 
     progress = progress or NullProgress()
     ks = list(ks or (KS_EXACT if exact else KS_FAST))
@@ -412,10 +428,11 @@ def measure(target_path: Path, draft_path: Path | None, plan, *, ks: Sequence[in
     depths = depths_for(params.n_ctx, max(ks))
     steps = len(ks) * (repeats + DEEP_REPEATS * (len(depths) - 1))
     progress.start("timing target batches", steps + (3 if draft_path else 1))
+    runs: dict[int, list[float]] = {}  # every timed run at depth 0: typical_factor
     meter.start()
     try:
         with LlamaModel(target_path, params) as target:
-            samples = time_depths(target, ks, depths, repeats, progress, after_walk=check_load)
+            samples = time_depths(target, ks, depths, repeats, progress, clock=clock, after_walk=check_load, runs=runs)
             target.trim(0)
             limit = target.max_exact_batch
         draft_ms = draft_spread = alpha = None
@@ -438,7 +455,8 @@ def measure(target_path: Path, draft_path: Path | None, plan, *, ks: Sequence[in
     reasons = check_stability(target_ms, spread, loads, draft_spread)
     for d, (ms, sp) in tables.items():  # the same rules at every depth
         reasons += [f"at depth {d}: {r}" for r in check_stability(ms, sp)]
-    return Measurement(target_ms, draft_ms, ngram_us, alpha, cost_model(target_ms, draft_ms, depth_ms), k_limit,
+    cost = replace(cost_model(target_ms, draft_ms, depth_ms), typical=typical_factor(runs))
+    return Measurement(target_ms, draft_ms, ngram_us, alpha, cost, k_limit,
                        spread, draft_spread, "exact" if exact else "fast", repeats, tuple(loads), tuple(reasons),
                        depth_ms, depth_spread)
 

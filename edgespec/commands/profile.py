@@ -104,7 +104,9 @@ def depth_line(m: dict) -> str:
     shown = [k for k in ("1", "8", "16", "64") if k in m["target_ms"]]
     tables = [("0", m["target_ms"])] + [(d, t["target_ms"]) for d, t in sorted(depths.items(), key=lambda kv: int(kv[0]))]
     rows = [f"{d}: " + ", ".join(f"t({k}) {ms[k]:.1f}" for k in shown if k in ms) for d, ms in tables]
-    return "ms at context depth " + "; ".join(rows)
+    typical = (m.get("cost") or {}).get("typical")
+    tail = f" (fastest runs; a typical pass {typical:.2f}x that)" if typical else ""
+    return "ms at context depth " + "; ".join(rows) + tail
 
 
 def _plan(kw: dict, spec: SpecConfig):

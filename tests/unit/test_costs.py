@@ -93,3 +93,19 @@ def test_sizes_are_those_of_every_depth():
     assert cost.sizes() == {2, 8}
     with pytest.raises(ValueError):
         CostModel.from_ms({0: {2: 1.0}})
+
+
+def test_the_typical_factor_is_stored_and_scales_the_typical_pass_only():
+    cost = CostModel.from_ms({0: {1: 30.0, 8: 90.0}, 512: {1: 40.0, 8: 100.0}})
+    cost.typical = 1.15
+    back = CostModel.from_json(cost.to_json())
+    assert back.typical == pytest.approx(1.15)
+    assert back.typical_ms(8, 512) == pytest.approx(100.0 * 1.15)
+    assert back.t_ms(8, 512) == pytest.approx(100.0) and back.v(8, 512) == pytest.approx(2.5)  # the shape is the fastest runs'
+    assert "typical" not in CostModel.from_ms({0: {1: 30.0}}).to_json()  # 1.0: not written
+
+
+@pytest.mark.parametrize("bad", [0.5, -1, "fast", None, 50.0])
+def test_a_damaged_typical_factor_reads_as_none(bad):
+    data = {**CostModel.from_ms({0: {1: 30.0, 8: 90.0}}).to_json(), "typical": bad}
+    assert CostModel.from_json(data).typical == 1.0

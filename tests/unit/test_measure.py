@@ -202,6 +202,24 @@ def test_a_walk_times_short_batches_back_to_back_and_keeps_their_fastest_run():
     assert M.WALK_MAX_RUNS >= 4
 
 
+def test_every_timed_run_is_kept_for_the_typical_factor():
+    clock = FakeClock()
+    ks = [1, 2, 64]
+    model = TimedModel(clock, slow_call=len(ks) + 3)  # the same hiccup as above, inside walk 1's k = 1 runs
+    runs: dict[int, list[float]] = {}
+    M.time_batches(model, ks, 2, Steps(), clock=clock, min_walk_ms=120, runs=runs)
+    assert runs[1] == pytest.approx([30.0, 30.0, 90.0, 30.0] + [30.0] * 4)  # warm-ups not counted
+    assert len(runs[2]) == 6 and len(runs[64]) == 2
+
+
+def test_the_typical_factor_is_the_median_sizes_median_run_over_its_fastest():
+    runs = {1: [30.0, 33.0, 36.0], 2: [50.0, 60.0, 55.0, 70.0], 8: [100.0, 100.0, 130.0]}
+    # 33/30 = 1.10, 57.5/50 = 1.15, 100/100 = 1.0 -> 1.10
+    assert M.typical_factor(runs) == pytest.approx(1.10)
+    assert M.typical_factor({}) == 1.0
+    assert M.typical_factor({1: [30.0]}) == 1.0  # never below the fastest
+
+
 # ---- the load meter's arithmetic on a fake psutil -----------------------------------------------
 CPU = namedtuple("CPU", "user nice system idle iowait irq softirq steal guest guest_nice")
 OWN = namedtuple("OWN", "user system children_user children_system")
@@ -368,6 +386,47 @@ def test_profile_on_a_busy_machine_stops_before_measuring(fake_profile_cli, caps
     data = json.loads(captured.out)
     assert data["saved"] == "aborted" and data["measurement"]["aborted"] is True
     assert _costs_used().v(8) == pytest.approx(78 / 30)
+
+
+def test_measure_stores_how_much_slower_a_typical_pass_is_than_the_fastest(monkeypatch):
+    from edgespec.backend.model import LoadParams
+
+    clock = FakeClock()
+
+    class JitteryModel(TimedModel):
+        """Every third pass 30% slower than QUIET_MS (the fastest runs stay QUIET_MS's)."""
+
+        max_exact_batch = None
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def decode(self, tokens, logits_for=()):
+            super().decode(tokens, logits_for)
+            if len(self.calls) % 3 == 0 and len(list(tokens)) in QUIET_MS:
+                self.clock.now += 0.3 * QUIET_MS[len(list(tokens))] / 1000
+
+    class QuietMeter:
+        def sample(self):
+            return Load(0.0, 0.1, 2, "before")
+
+        def start(self):
+            pass
+
+        def stop(self, when="during"):
+            return Load(0.0, 0.1, 2, when)
+
+    monkeypatch.setattr(M, "LlamaModel", lambda path, params: JitteryModel(clock))
+    monkeypatch.setattr(M, "load_params", lambda spec, plan: LoadParams(n_ctx=256))
+    monkeypatch.setattr(M, "time_ngram", lambda: 1.0)
+    plan = SimpleNamespace(target=None, draft=None)
+    m = M.measure(Path("target.gguf"), None, plan, ks=[1, 2, 8], repeats=3, load_meter=QuietMeter(), clock=clock)
+    assert m.target_ms[8] == pytest.approx(QUIET_MS[8])  # the tables: fastest runs
+    assert 1.0 < m.cost.typical <= 1.3  # a third of the runs were 30% slower
+    assert m.to_json()["cost"]["typical"] == pytest.approx(m.cost.typical)
 
 
 def test_measure_refuses_a_busy_machine_before_loading_anything(monkeypatch):

@@ -342,3 +342,44 @@ def test_the_decoder_on_a_scripted_clock_after_a_long_prompt_keeps_a_fresh_profi
     list(SpeculativeDecoder(model, SamplingConfig(), stale, SpecSettings(mode="off"),
                             clock=clock.perf_counter).generate(list(range(1, 8)) * 64, 40))
     assert stale.profile_stale  # the depth-0 profile against the same passes
+
+
+# ---- like with like: a typical pass against the profile's typical pass --------------------------------
+def fastest_profile(typical: float) -> CostModel:
+    """The profile of depth_profile's machine as `edgespec profile` stores it: each size's fastest
+    run, which on a jittery machine is well below what a pass typically takes (machine_ms)."""
+    cost = CostModel.from_ms({d: {k: machine_ms(k, d) / typical for k in (1, 2, 4, 8, 16)} for d in (0, 512, 2048)})
+    cost.typical = typical
+    return cost
+
+
+def test_a_fresh_profile_of_fastest_runs_is_not_called_stale_by_typical_passes():
+    # the fastest runs 25% under the typical pass: every live pass, deep in a long prompt, is ~1.33x
+    # the stored time, past the 30% limit; against the typical pass it is as profiled
+    ctl = Controller(fastest_profile(1.33), k_max=15)
+    for k, depth, s in long_prompt_passes(n_prompt=450):
+        ctl.observe_verify(k, s, depth=depth)
+    assert not ctl.profile_stale and ctl.cost.live_shape == {}
+    # the same tables without the factor (a profile saved before it was measured) call it stale
+    old = fastest_profile(1.33)
+    old.typical = 1.0
+    ctl = Controller(old, k_max=15)
+    for k, depth, s in long_prompt_passes(n_prompt=450):
+        ctl.observe_verify(k, s, depth=depth)
+    assert ctl.profile_stale
+
+
+def test_the_typical_factor_does_not_hide_a_slower_machine():
+    ctl = Controller(fastest_profile(1.2), k_max=15)
+    for k, depth, s in long_prompt_passes(n_prompt=450, slower=1.5):
+        ctl.observe_verify(k, s, depth=depth)
+    assert ctl.profile_stale
+
+
+def test_the_decoder_on_a_scripted_clock_keeps_a_profile_of_fastest_runs(monkeypatch):
+    clock = FakeClock()
+    model = DepthClockModel(clock, n_ctx=1024)
+    ctl = DepthOfTarget(model, fastest_profile(1.33), k_max=8)
+    dec = SpeculativeDecoder(model, SamplingConfig(), ctl, SpecSettings(mode="off"), clock=clock.perf_counter)
+    assert len(list(dec.generate(list(range(1, 8)) * 64, 40))) == 40
+    assert not ctl.profile_stale
