@@ -32,21 +32,26 @@ def staircase(verify: Mapping[int, float], k: int, slope: float = PRIOR_VERIFY_S
         return 1.0
     if k in verify:
         return verify[k]
-    known = sorted(x for x in verify if x > 1)
-    if not known:
+    # the nearest measured sizes either side (one pass, no sorting: this runs for every candidate
+    # draft length of every round)
+    below = above = None
+    for x in verify:
+        if 1 < x < k and (below is None or x > below):
+            below = x
+        elif x > k and (above is None or x < above):
+            above = x
+    if below is None and above is None:
         return 1.0 + slope * (k - 1)
-    below = [x for x in known if x < k]
-    above = [x for x in known if x > k]
-    if below and above:
+    if below is not None and above is not None:
         # Between measured sizes, the next measured one's cost: CPU kernels work in row tiles,
         # so cost is a staircase, not a line (measured on 2 cores: t(16) 257 ms, t(17) 313,
         # t(20) 345, t(24) 408; a line from 16 to 24 says 276 for 17). Unmeasured sizes
         # may cost up to that much; the measured, tile-aligned ones are what the choice should use.
-        return max(verify[above[0]], verify[below[-1]])
+        return max(verify[above], verify[below])
     # Outside the measured range: extend with the slope of the nearest end; below the smallest
     # measured size, never under one pass (a table of one large batch that ran at a single pass's
     # speed, as live timing may first see, would otherwise extrapolate to nothing).
-    a = below[-1] if below else above[0]
+    a = below if below is not None else above
     end_slope = max((verify[a] - 1.0) / (a - 1), MIN_SLOPE)
     return max(1.0, verify[a] + end_slope * (k - a))
 
@@ -133,25 +138,29 @@ class CostModel:
     def depths(self) -> list[int]:
         return [0, *sorted(self.deeper)] if self.depth_aware else [0]
 
-    def _table(self, depth: int) -> DepthCosts:
-        if depth == 0:
-            return DepthCosts(self.t1_ms or 0.0, self.verify)
-        return self.deeper[depth]
-
     def _t_ms(self, k: int, depth: int) -> float:
-        ds = self.depths()
         depth = max(depth, 0)
-        lo = max(d for d in ds if d <= depth)
-        above = [d for d in ds if d > depth]
-        t_lo = self._table(lo).t_ms(k, self.slope)
-        if above:
-            hi = above[0]
-            t_hi = self._table(hi).t_ms(k, self.slope)
-            return t_lo + (t_hi - t_lo) * (depth - lo) / (hi - lo)
+        # the measured depths either side of this one (0 always measured); no lists: this runs for
+        # every candidate draft length of every round
+        lo, hi = 0, None
+        for d in self.deeper:
+            if d <= depth and d > lo:
+                lo = d
+            elif d > depth and (hi is None or d < hi):
+                hi = d
+        t_lo = self._table_ms(lo, k)
+        if hi is not None:
+            return t_lo + (self._table_ms(hi, k) - t_lo) * (depth - lo) / (hi - lo)
         # beyond the deepest table: its last stretch's growth per token, never a shrinking cost
-        prev = ds[-2]
-        growth = (t_lo - self._table(prev).t_ms(k, self.slope)) / (lo - prev)
+        prev = max((d for d in self.deeper if d < lo), default=0)
+        growth = (t_lo - self._table_ms(prev, k)) / (lo - prev)
         return t_lo + max(0.0, growth) * (depth - lo)
+
+    def _table_ms(self, depth: int, k: int) -> float:
+        """t(k) in ms from the table measured at exactly this depth."""
+        if depth == 0:
+            return (self.t1_ms or 0.0) * staircase(self.verify, k, self.slope)
+        return self.deeper[depth].t_ms(k, self.slope)
 
     # ---- storage ------------------------------------------------------------------------------
     def to_json(self) -> dict:
