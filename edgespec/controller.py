@@ -191,6 +191,8 @@ def ubatch_sizes(seq_rows: Sequence[int], streams: bool = True) -> list[int]:
 def batch_cost(cost: "CostModel", seq_rows: Sequence[int], depth: int = 0, streams: bool = True) -> float:
     """A multi-sequence batch's cost in single-token passes: the sum of its passes' costs (read
     at one depth: the sequence being planned's)."""
+    if len(seq_rows) == 1:  # one sequence: one pass of its rows (every round of a lone decode)
+        return cost.v(seq_rows[0], depth) if seq_rows[0] > 0 else 0.0
     return sum(cost.v(n, depth) for n in ubatch_sizes(seq_rows, streams))
 
 

@@ -101,7 +101,8 @@ class CostModel:
         if not self.depth_aware or depth <= 0:
             base = staircase(self.verify, k, self.slope)
         else:
-            base = self._t_ms(k, depth) / self._t_ms(1, depth)
+            around = self._around(depth)
+            base = self._t_ms(k, depth, around) / self._t_ms(1, depth, around)
         return max(1.0, base * self.shape_factor(k))
 
     def shape_factor(self, k: int) -> float:
@@ -138,21 +139,30 @@ class CostModel:
     def depths(self) -> list[int]:
         return [0, *sorted(self.deeper)] if self.depth_aware else [0]
 
-    def _t_ms(self, k: int, depth: int) -> float:
-        depth = max(depth, 0)
-        # the measured depths either side of this one (0 always measured); no lists: this runs for
-        # every candidate draft length of every round
+    def _around(self, depth: int) -> tuple[int, int | None, int]:
+        """The measured depths about this one: the deepest not past it (lo; 0 is always measured),
+        the next deeper (hi; None past the deepest) and, past the deepest, the one before lo. No
+        lists: this runs for every candidate draft length of every round."""
         lo, hi = 0, None
         for d in self.deeper:
             if d <= depth and d > lo:
                 lo = d
             elif d > depth and (hi is None or d < hi):
                 hi = d
+        prev = 0
+        if hi is None:
+            for d in self.deeper:
+                if prev < d < lo:
+                    prev = d
+        return lo, hi, prev
+
+    def _t_ms(self, k: int, depth: int, around: tuple[int, int | None, int] | None = None) -> float:
+        depth = max(depth, 0)
+        lo, hi, prev = around or self._around(depth)
         t_lo = self._table_ms(lo, k)
         if hi is not None:
             return t_lo + (self._table_ms(hi, k) - t_lo) * (depth - lo) / (hi - lo)
         # beyond the deepest table: its last stretch's growth per token, never a shrinking cost
-        prev = max((d for d in self.deeper if d < lo), default=0)
         growth = (t_lo - self._table_ms(prev, k)) / (lo - prev)
         return t_lo + max(0.0, growth) * (depth - lo)
 

@@ -102,6 +102,10 @@ def sync_kv(model: Model, context: Sequence[int]) -> list[int]:
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
+    # Mostly one holds all of the other (the context only grew since the last round): say so with
+    # one comparison in C, not a Python loop over every token of a long document each round.
+    if n and list(a[:n]) == list(b[:n]):
+        return n
     i = 0
     while i < n and a[i] == b[i]:
         i += 1

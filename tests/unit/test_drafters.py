@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 from edgespec.controller import Controller
 from edgespec.costs import CostModel
-from edgespec.drafters import PRIORS, NgramDrafter, NgramState, RunHistory, copy_path, run_bucket
+from edgespec.drafters import PRIORS, NgramDrafter, NgramState, RunHistory, common_prefix_len, copy_path, run_bucket
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder
 
@@ -236,3 +237,12 @@ def test_a_copy_draft_carries_how_long_this_contexts_earlier_copies_held():
     assert last.history == RunHistory(run=5, ended=(10, 10, 10, 10))
     assert last.history.reaching(10) == 4 and last.history.reaching(11) == 0
     assert NgramDrafter().propose(PROMPT + SOURCE[:3], 8).history.ended == ()  # nothing ended yet
+
+
+# ---- common_prefix_len: a C-speed comparison when one holds the other, the loop otherwise --------
+@given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=40))
+def test_common_prefix_len_is_the_first_difference(a, b):
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert common_prefix_len(a, b) == n == common_prefix_len(b, a)
+    assert common_prefix_len(tuple(a), b) == n  # any sequences: a cache's tuple against a list
+    assert common_prefix_len(np.array(a, dtype=np.int32), b) == n
