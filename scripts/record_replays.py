@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record greedy answers of built-in bench prompts as token sequences, for the replay harness.
 
-    scripts/record_replays.py [--out tests/data/recordings] [-t 2] [ID ...]
+    scripts/record_replays.py [--out tests/data/recordings] [--prompts FILE] [-t 2] [ID ...]
 
 Each file holds the prompt's tokens (chat template applied, as bench feeds them) and the answer's
 tokens, from the default pair's target with the default kernels and `--spec auto` without a draft
@@ -30,18 +30,24 @@ DEFAULT_IDS = ("copy-fix-bisect", "rename-heapq", "copy-quote-shlex", "edit-rena
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("ids", nargs="*", default=list(DEFAULT_IDS))
+    ap.add_argument("ids", nargs="*")
     ap.add_argument("--out", default="tests/data/recordings")
+    ap.add_argument("--prompts", help="a bench prompts file (JSONL) instead of the built-in set; "
+                    "with no IDs, every prompt in it")
     ap.add_argument("-t", "--threads", type=int, default=2)
     a = ap.parse_args()
     target, _ = models.load_registry().pair(None)
     spec = SpecConfig(mode="auto")
     resolved = session.resolve(LoadConfig(target=target.name, draft=None, threads=a.threads), spec, kernels="fast")
     engine = session.open_engine(resolved, spec, exact=False)
-    prompts = {p.id: p for p in load_prompts()}
+    prompts = {p.id: p for p in load_prompts(a.prompts)}
+    ids = a.ids or (list(prompts) if a.prompts else list(DEFAULT_IDS))
+    unknown = [i for i in ids if i not in prompts]
+    if unknown:
+        ap.error(f"no prompt {', '.join(unknown)} in {a.prompts or 'the built-in set'}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    for pid in a.ids:
+    for pid in ids:
         p = prompts[pid]
         messages = ([Message("system", p.system)] if p.system else []) + [Message("user", p.prompt)]
         tokens = engine.chat_tokens(messages)
