@@ -19,6 +19,7 @@ from pathlib import Path
 from edgespec import models, session
 from edgespec.bench.prompts import load_prompts
 from edgespec.config import LoadConfig, SpecConfig
+from edgespec.errors import InputError
 from edgespec.generate import Final
 from edgespec.sampling import SamplingConfig
 from edgespec.template import Message
@@ -36,15 +37,19 @@ def main() -> None:
                     "with no IDs, every prompt in it")
     ap.add_argument("-t", "--threads", type=int, default=2)
     a = ap.parse_args()
-    target, _ = models.load_registry().pair(None)
-    spec = SpecConfig(mode="auto")
-    resolved = session.resolve(LoadConfig(target=target.name, draft=None, threads=a.threads), spec, kernels="fast")
-    engine = session.open_engine(resolved, spec, exact=False)
-    prompts = {p.id: p for p in load_prompts(a.prompts)}
+    # the prompts are checked before the model loads: a typo costs no load
+    try:
+        prompts = {p.id: p for p in load_prompts(a.prompts)}
+    except InputError as err:
+        ap.error(str(err))
     ids = a.ids or (list(prompts) if a.prompts else list(DEFAULT_IDS))
     unknown = [i for i in ids if i not in prompts]
     if unknown:
         ap.error(f"no prompt {', '.join(unknown)} in {a.prompts or 'the built-in set'}")
+    target, _ = models.load_registry().pair(None)
+    spec = SpecConfig(mode="auto")
+    resolved = session.resolve(LoadConfig(target=target.name, draft=None, threads=a.threads), spec, kernels="fast")
+    engine = session.open_engine(resolved, spec, exact=False)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for pid in ids:
