@@ -114,6 +114,20 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 # ---- the copy-following n-gram drafter ---------------------------------------------------------
 @dataclass
+class Fork:
+    """A context position where a copy broke: the text there differs from what another occurrence
+    of the same lead-in went on with (a template's varying slot: the next JSON record's name after
+    the previous record's `"name": "`). A later copy through it is a guess there."""
+
+    broke: int = 1  # copies through here that broke at it (the one that made it a fork included)
+    held: int = 0  # copies through here that went on
+
+    @property
+    def confidence(self) -> float:
+        return (self.held + 1) / (self.held + self.broke + 2)
+
+
+@dataclass
 class Substitution:
     """An edit the output made to a source span, and what it did at the span's later occurrences.
 
@@ -243,6 +257,7 @@ class NgramDrafter:
         self._pending: Substitution | None = None
         self.subs: dict[int, list[Substitution]] = {}
         self.ended: list[int] = []  # lengths of the copy runs that broke in this context, sorted
+        self.forks: dict[int, Fork] = {}  # context positions where a copy broke (Fork)
 
     # ---- following the context ---------------------------------------------------------
     def _update(self, context: Sequence[int]) -> None:
@@ -312,6 +327,9 @@ class NgramDrafter:
         if keeps:
             if sub is not None:
                 sub.kept += 1
+            fork = self.forks.get(p)
+            if fork is not None:
+                fork.held += 1
             self.pointer = p + 1
             self.run += 1
             if self._pending is not None and self.run >= self.CONFIRM:
@@ -334,6 +352,11 @@ class NgramDrafter:
                 # only a break in a copy that had really held is worth guessing the edit of
                 self._div_guess = self.origin == "copy" or self.run >= self.GUESS_RUN
                 self._div_real = self.origin == "copy" or self.run >= self.WEAK_FIND
+                # A fork needs a copy that had held; a short chance match breaking says nothing
+                # about the text at either end (and forks from those cut good copies short).
+                if self.run >= (self.CONFIRM if self.origin == "copy" else self.GUESS_RUN):
+                    self._fork_at(self.pointer)
+                    self._fork_at(i)
             if self.origin == "copy" or self.run >= LONG_RUN:
                 self.prev_run = max(self.run, self.prev_run if self.run < LONG_RUN else 0)
             insort(self.ended, self.run)
@@ -380,6 +403,13 @@ class NgramDrafter:
             if src and repl and src != repl and len(src) <= self.SUB_MAX and len(repl) <= self.SUB_MAX and pointer - matched >= p_div:
                 self._pending = Substitution(src, repl)
 
+    def _fork_at(self, p: int) -> None:
+        fork = self.forks.get(p)
+        if fork is None:
+            self.forks[p] = Fork()
+        else:
+            fork.broke += 1
+
     def _learn(self, sub: Substitution) -> None:
         known = self.subs.setdefault(sub.src[0], [])
         for old in known:
@@ -409,7 +439,9 @@ class NgramDrafter:
                 p += len(sub.src)
             else:
                 out.append(ctx[p])
-                conf.append(1.0)
+                fork = self.forks.get(p)
+                conf.append(1.0 if fork is None else fork.confidence)
+                guessed = guessed or fork is not None
                 p += 1
         return tuple(out[:max_len]), (tuple(conf[:max_len]) if guessed else None)
 

@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 
 from edgespec.controller import Controller
 from edgespec.costs import CostModel
-from edgespec.drafters import PRIORS, NgramDrafter, NgramState, RunHistory, common_prefix_len, copy_path, run_bucket
+from edgespec.drafters import PRIORS, Fork, NgramDrafter, NgramState, RunHistory, common_prefix_len, copy_path, run_bucket
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder
 
@@ -237,6 +237,56 @@ def test_a_copy_draft_carries_how_long_this_contexts_earlier_copies_held():
     assert last.history == RunHistory(run=5, ended=(10, 10, 10, 10))
     assert last.history.reaching(10) == 4 and last.history.reaching(11) == 0
     assert NgramDrafter().propose(PROMPT + SOURCE[:3], 8).history.ended == ()  # nothing ended yet
+
+
+# ---- forks: where an earlier copy of the same text broke -----------------------------------------
+SKELETON, MIDDLE = list(range(200, 212)), list(range(220, 226))  # `  {"name": "` and `", "email": "`
+
+
+def record(i: int) -> list[int]:
+    """One JSON record of a list: the skeleton every record shares, then its own name and e-mail."""
+    return SKELETON + [300 + 10 * i, 301 + 10 * i, 302 + 10 * i] + MIDDLE + [400 + 10 * i, 401 + 10 * i]
+
+
+def test_a_templates_varying_slot_is_a_guess_in_the_next_records_copy():
+    # record 2 copies record 1's skeleton and breaks at the name: from then on a copy through a
+    # record's name or e-mail is a guess there, and the rest of the template is not
+    out = record(0) + record(1) + record(2)
+    d = NgramDrafter()
+    props = follow(d, [1, 2, 3, 4, 5], out)
+    third = props[len(record(0)) * 2 + 4]  # four tokens into the third record's skeleton
+    name_at = len(SKELETON) - 4  # the drafted position of the second record's name
+    assert third.tokens[name_at] == 310 and third.confidence is not None
+    assert third.confidence[name_at] < 0.5 and set(third.confidence[:name_at]) == {1.0}
+    # the controller stops right before the guess: the skeleton is sure, the name is not
+    cost = CostModel(verify={2: 1.97, 4: 3.0, 8: 4.9, 12: 6.6, 16: 7.8, 32: 13.5, 64: 23.5})
+    choice = Controller(cost, k_max=64).choose(third.key, 0.0, len(third.tokens), prior=0.97, confidence=third.confidence)
+    assert 0 < choice.k <= name_at
+    # without the fork (the same draft, every token sure) it would have bet on the old name
+    assert Controller(cost, k_max=64).choose(third.key, 0.0, len(third.tokens), prior=0.97).k > name_at
+
+
+def test_a_fork_later_copies_go_through_unchanged_is_trusted_again():
+    # the output copies the source with one edit (999 for SOURCE[20]), then writes that edited copy
+    # again: the edit's position is a fork, and the copy that goes through it as it is counts
+    edited = SOURCE[:20] + [999] + SOURCE[21:40]
+    d = NgramDrafter()
+    follow(d, PROMPT, edited)
+    (slot,) = [p for p in d.forks if d._ctx[p] == 999]
+    first = d.forks[slot].confidence
+    follow(d, PROMPT, edited * 2)
+    assert d.forks[slot].held == 1 and d.forks[slot].broke == 1
+    assert first < d.forks[slot].confidence == 0.5
+    assert Fork(broke=3).confidence < Fork(broke=1).confidence < Fork(broke=1, held=3).confidence
+
+
+def test_a_verbatim_copy_and_a_short_chance_match_make_no_fork():
+    d = NgramDrafter()
+    follow(d, PROMPT, SOURCE[:40])
+    assert d.forks == {}
+    # "find" matches of a few tokens that break (free text echoing bits of the prompt) are no forks
+    follow(d, PROMPT, SOURCE[:3] + [900, 901] + SOURCE[30:33] + [902])
+    assert d.forks == {}
 
 
 # ---- common_prefix_len: a C-speed comparison when one holds the other, the loop otherwise --------

@@ -172,22 +172,13 @@ KNOWN_LOSSES = {
     # the answer writes its source's "[0, 1]" as "[0.0, 1.0]" inside a 63-token draft: a 64-row batch for 9
     # tokens, then a 15-token draft that breaks at 3, where small batches are dear (v(2) = 1.97)
     ("amd-epyc-avx512", "copy-hints-difflib"): "auto 0.89x the best fixed mode (ngram-simple)",
-    # e-mail addresses copied ~10 tokens at a time: a few 15-token bets at a run of 8-12 still break
-    # before this answer's earlier runs have told the controller how short its copies are
-    ("amd-epyc-avx512", "extract-emails"): "auto 0.96x the best fixed mode (ngram-mod)",
     # the measured table of the machine of issue 25's 2026-12-02 comparison: small batches dear and lumpy
     # (v(8) = 7.9 but v(16) = 9.5)
     ("amd-epyc-zen4-avx512", "copy-hints-difflib"): "auto 0.97x the best fixed mode (ngram-mod)",
-    ("amd-epyc-zen4-avx512", "extract-emails"): "auto 0.94x the best fixed mode (ngram-mod)",
     ("amd-epyc-zen4-avx512", "insert-calendar-checks"): "auto 0.95x the best fixed mode (ngram-mod)",
     # another Zen 4 machine of that kind two days later (its own profile): the same three answers
     ("amd-epyc-zen4b-avx512", "copy-hints-difflib"): "auto 0.97x the best fixed mode (ngram-mod)",
-    ("amd-epyc-zen4b-avx512", "extract-emails"): "auto 0.99x the best fixed mode (ngram-mod)",
     ("amd-epyc-zen4b-avx512", "insert-calendar-checks"): "auto 0.96x the best fixed mode (ngram-mod)",
-    # a second Zen 5 machine (2026-12-04 night, its own profile), where a 16-row batch costs 6.2 single passes
-    # at 512 cells: three 15-token bets on e-mail addresses copied from the minutes (runs of 11-13, longer
-    # than any earlier run, judged along their path at the long-copy state's rate) held 0-1 tokens each
-    ("amd-epyc-zen5b-avx512", "extract-emails"): "auto 0.93x the best fixed mode (ngram-mod)",
     # the same answer on the slower Xeon's measured table: two 3-token bets (a copy state at run 3 after a
     # 6-token shadow lifted the pool, then a fresh copy state), both missed, on a 27-token answer
     ("intel-xeon-amx", "rag-objects-quote"): "auto 0.95x plain (27-token answer, 0 of 6 drafted accepted)",
