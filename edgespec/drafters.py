@@ -48,7 +48,7 @@ class Draft:
     key: Key
     probs: tuple[np.ndarray, ...] | None = None  # q rows; None means a deterministic proposal
     # Per drafted token, how much likelier than the key's rate it is to be accepted (1.0 = as likely;
-    # a learnt edit seen made once is a guess). None: all 1.0.
+    # a learnt edit seen made once, or a fork where an earlier copy broke, is a guess). None: all 1.0.
     confidence: tuple[float, ...] | None = None
     # The states the drafter's copy would be in at each drafted token, as (state, tokens) segments
     # from the first: a copy grows more likely to go on the longer it has held, so a long draft's
@@ -421,7 +421,7 @@ class NgramDrafter:
     # ---- proposing -----------------------------------------------------------------------
     def continuation(self, pointer: int, max_len: int, queue: Sequence[int] = ()) -> tuple[tuple[int, ...], tuple[float, ...] | None]:
         """What the copy says comes next from `pointer`, with learnt edits applied; and, when an edit
-        was applied, the confidence of each token (see Draft.confidence)."""
+        was applied or the copy goes through a fork, the confidence of each token (see Draft.confidence)."""
         ctx = self._ctx
         out = list(queue[:max_len])
         conf = [1.0] * len(out)
