@@ -28,6 +28,10 @@ POOL_DECAY = 0.7  # the pool follows the last few rounds: text turns from prose 
 # of the answer's own runs, so a few earlier breaks shade a long bet and many decide it (weights
 # 2 to 16 were compared in the replay harness on five machines' costs: see README).
 HISTORY_WEIGHT = 8.0
+# A draft must be expected to beat plain decoding by this much: a weak state's rate comes from a few
+# shadow rounds, and one-token bets at an expected 1.02-1.04x lost 3% on a summary where a 2-row
+# batch costs 1.55 passes (replay harness, README); 0.05 and 0.06 were level, 0.1 lost on copies.
+DRAFT_MARGIN = 0.04
 # A draft expected to gain less than this is a close call: a shape error could have made it, so it
 # gives way to a single pass when live timing needs one (timing.SHAPE_ANCHOR).
 ANCHOR_GAIN = 1.3
@@ -207,7 +211,7 @@ class Controller:
         k_max: int = 16,
         allow_off: bool = True,
         learn_timing: bool = True,
-        margin: float = 0.02,
+        margin: float = DRAFT_MARGIN,
         priors: dict[str, float] | None = None,
     ):
         if not 1 <= k_min <= k_max:

@@ -83,7 +83,9 @@ EMPTY = Draft((), "none", "none")
 class RunHistory:
     """A copy's run so far and the lengths of the copy runs that ended earlier in the same context
     (sorted): in one answer copies tend to break at similar lengths (a typo every ~16 tokens, an
-    e-mail address of ~10), which the per-state priors, learnt over many answers, do not know."""
+    e-mail address of ~10), which the per-state priors, learnt over many answers, do not know.
+    Only runs that were once as short as this one count (NgramDrafter.history): a run found by a
+    4-token match starts at 4, and its end says nothing about whether a 2-token one goes on."""
 
     run: int
     ended: tuple[int, ...] = ()
@@ -257,6 +259,8 @@ class NgramDrafter:
         self._pending: Substitution | None = None
         self.subs: dict[int, list[Substitution]] = {}
         self.ended: list[int] = []  # lengths of the copy runs that broke in this context, sorted
+        self._ended_from: dict[int, list[int]] = {}  # the same, by the run's length when it was found
+        self._start = 0  # the current run's length when it was found (the n-gram it matched)
         self.forks: dict[int, Fork] = {}  # context positions where a copy broke (Fork)
 
     # ---- following the context ---------------------------------------------------------
@@ -360,6 +364,7 @@ class NgramDrafter:
             if self.origin == "copy" or self.run >= LONG_RUN:
                 self.prev_run = max(self.run, self.prev_run if self.run < LONG_RUN else 0)
             insort(self.ended, self.run)
+            insort(self._ended_from.setdefault(self._start, []), self.run)
         self._pending = None
         self.run = 0
         self._resync(i)
@@ -395,6 +400,7 @@ class NgramDrafter:
 
     def _copy_from(self, pointer: int, matched: int, origin: str, i: int, *, near: bool) -> None:
         self.pointer, self.run, self.origin = pointer, matched, origin
+        self._start = matched
         self._pending = None
         if near:
             p_div, o_div = self._div
@@ -468,8 +474,14 @@ class NgramDrafter:
         else:
             kind = self.origin
         path = copy_path(kind, self.run, len(tokens))
-        return _ngram(tokens, confidence, path[0][0] if path else NgramState(kind, 1), path,
-                      RunHistory(self.run, tuple(self.ended)))
+        return _ngram(tokens, confidence, path[0][0] if path else NgramState(kind, 1), path, self.history())
+
+    def history(self) -> RunHistory:
+        """The current run against the ended runs that were once as short (RunHistory)."""
+        if all(start <= self.run for start in self._ended_from):
+            return RunHistory(self.run, tuple(self.ended))
+        return RunHistory(self.run, tuple(sorted(
+            end for start, ends in self._ended_from.items() if start <= self.run for end in ends)))
 
 
 def copy_path(kind: str, run: int, n: int) -> tuple[tuple[NgramState, int], ...]:

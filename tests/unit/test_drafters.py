@@ -226,6 +226,20 @@ def test_a_reindented_copy_is_found_again_near_the_source_and_its_dedent_learnt(
     assert draft.tokens[:4] == (BARE, C, EQ, 22)
 
 
+def test_a_short_runs_history_leaves_out_runs_found_longer_than_it():
+    # "50 51 52" twice in the prompt, going on differently: the output's "60" after the second
+    # occurrence's "50 51 52" is found again by a 4-token match, so that run starts at 4 and breaks at 6
+    prompt = [1, 2, 50, 51, 52, 60, 61, 62, 63, 64, 5, 6, 50, 51, 52, 70, 71, 72, 73, 74, 7, 8, 200, 201, 202, 203, 9]
+    d = NgramDrafter()
+    props = follow(d, prompt, [50, 51, 52, 60, 61, 62, 999, 200, 201, 202])
+    assert d.ended == [3, 6]
+    # a run of 2 (found by one token) goes on as often as the runs that were once 2 long did: the run
+    # that started at 4 never was, and counting it made every 2-token find look likelier to hold
+    assert props[-1].history == RunHistory(run=2, ended=(3,))
+    assert props[-1].history.reaching(3) == 1 and props[-1].history.reaching(6) == 0
+    assert props[5].history == RunHistory(run=5, ended=(3,))  # at run 5 every ended run counts
+
+
 def test_a_copy_draft_carries_how_long_this_contexts_earlier_copies_held():
     # the output copies the source in runs of 10, each ended by an edit: every break is remembered
     out = []

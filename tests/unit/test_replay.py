@@ -107,8 +107,8 @@ def test_unknown_policy_is_refused():
 def test_the_machine_tables_load_with_their_measured_points():
     assert [p.stem for p in TABLES] == ["amd-epyc-avx2", "amd-epyc-avx512", "amd-epyc-zen4-avx512",
                                         "amd-epyc-zen4b-avx512", "amd-epyc-zen5-avx512", "amd-epyc-zen5b-avx512",
-                                        "intel-xeon-amx", "intel-xeon-avx512"]
-    avx2, avx512, zen4, zen4b, zen5, zen5b, amx, xeon = (load_cost_table(p) for p in TABLES)
+                                        "intel-xeon-amx", "intel-xeon-avx512", "intel-xeon-icelake-avx512"]
+    avx2, avx512, zen4, zen4b, zen5, zen5b, amx, xeon, icelake = (load_cost_table(p) for p in TABLES)
     assert avx2.t1_ms == 70.2 and avx2.v(8) == pytest.approx(6.4, abs=0.01) and avx2.v(64) == pytest.approx(30.5, abs=0.01)
     assert avx2.t_ms(1, 600) == pytest.approx(108.7)  # 9.2 tok/s past 512 cells
     assert avx512.t1_ms == pytest.approx(28.6) and avx512.v(64) == pytest.approx(23.5, abs=0.01)
@@ -130,6 +130,10 @@ def test_the_machine_tables_load_with_their_measured_points():
     # from 0 to 2048 cells, t(1) 127.4 -> 141.2)
     assert amx.t1_ms == pytest.approx(127.352) and amx.t_ms(16, 2048) == pytest.approx(882.967)
     assert amx.v(64) == pytest.approx(11.71, abs=0.01) and amx.t_ms(1, 512) == pytest.approx(131.424)
+    # Ice Lake at 2.8 GHz: 2 rows for 1.55 passes, 4 rows cheaper than 3, 16 cheaper than 12
+    assert icelake.t1_ms == pytest.approx(56.672) and icelake.v(2) == pytest.approx(1.55, abs=0.01)
+    assert icelake.t_ms(4) < icelake.t_ms(3) and icelake.t_ms(16) < icelake.t_ms(12)
+    assert icelake.t_ms(1, 2048) == pytest.approx(77.151)
     for p in TABLES:
         data = json.loads(p.read_text())
         assert data["sources"] and data["known_points"] and data["filled_points"]
@@ -273,7 +277,7 @@ def test_a_profile_that_drifted_is_corrected_where_little_is_copied():
     morning, later = load_cost_table(TABLES[[t.stem for t in TABLES].index("intel-xeon-amx")]), load_cost_table(LATER)
     res = live_against(morning, later)
     few_fixed, few_live = geomean([f for f, _ in res["few"]]), geomean([x for _, x in res["few"]])
-    assert few_fixed < 0.965 and few_live >= 0.97 and few_live >= few_fixed + 0.01, (few_fixed, few_live)
+    assert few_fixed < 0.98 and few_live >= 0.98 and few_live >= few_fixed + 0.01, (few_fixed, few_live)
     copy_fixed, copy_live = geomean([f for f, _ in res["copy"]]), geomean([x for _, x in res["copy"]])
     assert copy_live >= 0.99 * copy_fixed and copy_live >= 1.15, (copy_fixed, copy_live)
 
