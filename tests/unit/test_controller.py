@@ -1,6 +1,6 @@
 import pytest
 
-from edgespec.controller import POOL_MARGIN, Acceptance, Controller, expected_tokens, speedup
+from edgespec.controller import DRAFT_MARGIN, POOL_MARGIN, Acceptance, Controller, expected_tokens, speedup
 from edgespec.costs import CostModel
 from edgespec.drafters import NgramState
 
@@ -28,6 +28,19 @@ def test_controller_turns_on_a_free_accurate_drafter():
 def test_controller_off_for_free_but_inaccurate_drafter():
     ctl = Controller(CPU, k_max=16, priors={"ngram": 0.2})
     assert ctl.choose(NgramState("copy", 1), 0.0).k == 0
+
+
+def test_a_draft_must_be_expected_to_gain_the_margin_over_plain():
+    # one drafted token into a 2-row batch that costs 1.5 passes: expected (1 + alpha) / 1.5
+    two_rows = CostModel(verify={2: 1.5})
+    gain = lambda alpha: (1 + alpha) / 1.5
+    under, over = 0.545, 0.59
+    assert 1.0 < gain(under) < 1.0 + DRAFT_MARGIN < gain(over)
+    assert Controller(two_rows, k_max=1, priors={"draft": under}).choose("draft", 0.0).k == 0
+    taken = Controller(two_rows, k_max=1, priors={"draft": over}).choose("draft", 0.0)
+    assert taken.k == 1 and taken.expected_speedup == pytest.approx(gain(over))
+    # a forced mode drafts whatever the margin
+    assert Controller(two_rows, k_max=1, allow_off=False, priors={"draft": under}).choose("draft", 0.0).k == 1
 
 
 def test_forced_mode_never_off():
