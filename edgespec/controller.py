@@ -29,8 +29,8 @@ POOL_DECAY = 0.7  # the pool follows the last few rounds: text turns from prose 
 # 2 to 16 were compared in the replay harness on five machines' costs: see README).
 HISTORY_WEIGHT = 8.0
 # A draft must be expected to beat plain decoding by this much: a weak state's rate comes from a few
-# shadow rounds, and one-token bets at an expected 1.02-1.04x lost 3% on a summary where a 2-row
-# batch costs 1.55 passes (replay harness, README); 0.05 and 0.06 were level, 0.1 lost on copies.
+# shadow rounds, and short bets expected to gain a few percent on it lost more often than not where
+# small batches are cheap (replay harness; the margins compared are in README, *The replay harness*).
 DRAFT_MARGIN = 0.04
 # A draft expected to gain less than this is a close call: a shape error could have made it, so it
 # gives way to a single pass when live timing needs one (timing.SHAPE_ANCHOR).
