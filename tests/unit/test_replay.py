@@ -17,6 +17,10 @@ from edgespec.replay import (EOS, NgramMod, NgramSimple, Recording, RecordedTarg
 DATA = Path(__file__).parent.parent / "data"
 TABLES = sorted((DATA / "costs").glob("*.json"))
 RECORDINGS = sorted((DATA / "recordings").glob("*.json"))
+# Answers to prompts no policy here was tuned on (scripts/heldout.jsonl, recorded with
+# scripts/record_replays.py): a change is judged on them as on the built-in ones, apart.
+HELDOUT = sorted((DATA / "recordings-heldout").glob("*.json"))
+SETS = {"built-in": RECORDINGS, "held-out": HELDOUT}
 FIXED = ("ngram-simple", "ngram-simple-16", "ngram-mod")
 # a flat-ish machine: a 64-row batch for 8 single passes
 CHEAP = CostModel.from_ms({0: {1: 10.0, 2: 12.0, 4: 14.0, 8: 20.0, 16: 30.0, 32: 50.0, 64: 80.0}})
@@ -166,8 +170,8 @@ def outcomes(table: Path, rec_path: Path) -> dict:
     return _CACHE[key]
 
 
-def recordings(categories) -> list[Path]:
-    return [p for p in RECORDINGS if json.loads(p.read_text())["category"] in categories]
+def recordings(categories, paths=(*RECORDINGS, *HELDOUT)) -> list[Path]:
+    return [p for p in paths if json.loads(p.read_text())["category"] in categories]
 
 
 # Where the harness shows auto losing today (modelled ratios in README, *The replay harness*): kept
@@ -189,9 +193,26 @@ KNOWN_LOSSES = {
     # weak states drafting 3 tokens into a 4-row batch (v(4) = 1.72 < v(3)) at a pooled record
     # lifted by one lucky 12-token shadow round
     ("intel-xeon-avx512", "rag-objects-quote"): "auto 0.93x plain (27-token answer, 1 of 14 drafted accepted)",
+    # held-out answers (recorded 2026-12-06). The answer adds type hints: a 63-token draft of a copied
+    # function runs into the next signature, where the answer inserts `: str` (24 of 63 kept), and another
+    # into a docstring the answer rewords (3 of 63); ngram-simple's 48-token drafts broke nearer their ends
+    ("amd-epyc-zen5-avx512", "hx-hints-shutil"): "auto 0.96x the best fixed mode (ngram-simple)",
+    ("amd-epyc-zen5b-avx512", "hx-hints-shutil"): "auto 0.99x the best fixed mode (ngram-simple)",
+    ("intel-xeon-avx512", "hx-hints-shutil"): "auto 0.997x the best fixed mode (ngram-simple)",
+    # every drafted token kept; the last round, 34 tokens before the max_tokens cap, is priced by the
+    # controller as the next measured size (a 48-row batch) and charged here linearly (ngram-mod's 34 rows)
+    ("amd-epyc-avx512", "hx-uncomment-zipfile"): "auto 0.999x the best fixed mode (ngram-mod)",
+    ("amd-epyc-zen4-avx512", "hx-uncomment-zipfile"): "auto 0.996x the best fixed mode (ngram-mod)",
+    # 3-token bets of weak copy states (expected 1.04-1.06x) that kept 7 of 15; ngram-mod drafts nothing here
+    ("amd-epyc-avx512", "hx-extract-formatter"): "auto 0.98x the best fixed mode (ngram-mod: plain)",
+    # 3-token bets of weak copy states deep in a 2,000-token document (expected 1.04-1.25x), 7 of 28 kept
+    ("intel-xeon-amx", "hx-rag-import"): "auto 0.978x plain (132-token answer)",
 }
-# the same for the geometric mean over a table's copy-heavy answers (the issue asks 1.15x): none short now
-KNOWN_SHORT: dict[str, str] = {}
+# the same for the geometric mean over a table's copy-heavy answers of one set (the issue asks 1.15x)
+KNOWN_SHORT: dict[tuple[str, str], str] = {
+    # held-out: hx-extract-formatter 0.98x and hx-uncomment-zipfile 1.00x where small batches are dear
+    ("amd-epyc-avx512", "held-out"): "auto 1.147x the best fixed mode taken together",
+}
 
 
 def cases(categories) -> list:
@@ -211,17 +232,18 @@ def test_auto_beats_or_matches_every_fixed_length_ngram_mode_on_copy_heavy_answe
     assert res["auto"].ms <= best, {p: round(res["plain"].ms / r.ms, 3) for p, r in res.items()}
 
 
-@pytest.mark.parametrize("table", [
-    pytest.param(t, id=t.stem, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_SHORT[t.stem])] if t.stem in KNOWN_SHORT else [])
-    for t in TABLES])
-def test_auto_is_well_ahead_of_the_best_fixed_mode_on_copies_taken_together(table):
+@pytest.mark.parametrize(("table", "group"), [
+    pytest.param(t, g, id=f"{g}-{t.stem}",
+                 marks=[pytest.mark.xfail(strict=True, reason=KNOWN_SHORT[t.stem, g])] if (t.stem, g) in KNOWN_SHORT else [])
+    for g in SETS for t in TABLES])
+def test_auto_is_well_ahead_of_the_best_fixed_mode_on_copies_taken_together(table, group):
     import math
 
     ratios = []
-    for rec in recordings(COPY_HEAVY):
+    for rec in recordings(COPY_HEAVY, SETS[group]):
         res = outcomes(table, rec)
         ratios.append(min(res[p].ms for p in FIXED) / res["auto"].ms)
-    assert len(ratios) >= 10
+    assert len(ratios) >= 6
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) >= 1.15, ratios
 
 
@@ -232,8 +254,17 @@ def test_auto_is_never_much_slower_than_plain_where_little_is_copied(table, rec)
 
 
 def test_every_known_loss_names_a_stored_table_and_recording():
-    assert {t for t, _ in KNOWN_LOSSES} | set(KNOWN_SHORT) <= {p.stem for p in TABLES}
-    assert {r for _, r in KNOWN_LOSSES} <= {p.stem for p in RECORDINGS}
+    assert {t for t, _ in KNOWN_LOSSES} | {t for t, _ in KNOWN_SHORT} <= {p.stem for p in TABLES}
+    assert {r for _, r in KNOWN_LOSSES} <= {p.stem for p in (*RECORDINGS, *HELDOUT)}
+    assert {g for _, g in KNOWN_SHORT} <= set(SETS)
+
+
+def test_the_held_out_answers_are_of_the_held_out_prompts_and_not_the_built_in_ones():
+    prompts = Path(__file__).parent.parent.parent / "scripts" / "heldout.jsonl"
+    ids = {json.loads(line)["id"] for line in prompts.read_text().splitlines() if line.strip()}
+    assert {p.stem for p in HELDOUT} == ids and len(ids) == 9
+    assert not {p.stem for p in HELDOUT} & {p.stem for p in RECORDINGS}
+    assert len(recordings(COPY_HEAVY, HELDOUT)) == 6 and len(recordings(LITTLE_TO_COPY, HELDOUT)) == 3
 
 
 # ---- a saved profile on a machine that has moved since (live timing on a scripted clock) --------------
@@ -313,3 +344,18 @@ def test_replay_compare_prints_a_profile_used_on_another_machine(tmp_path):
     assert "geometric mean of auto-live / best fixed on copy-heavy recordings" in out
     rows = [line for line in out.splitlines() if line.startswith("| summ-raise")]
     assert len(rows) == 1 and len(rows[0].split(" | ")) == len(header.split(" | "))
+
+
+def test_replay_compare_reads_every_folder_of_recordings_it_is_given(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    (tmp_path / "t").mkdir()
+    shutil.copy(DATA / "costs" / "intel-xeon-amx.json", tmp_path / "t")
+    script = Path(__file__).parent.parent.parent / "scripts" / "replay_compare"
+    out = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
+                          str(DATA / "recordings"), "--recordings", str(DATA / "recordings-heldout")],
+                         capture_output=True, text=True, check=True).stdout
+    rows = {line.split(" | ")[0][2:] for line in out.splitlines() if line.startswith("| ") and "---" not in line}
+    assert {p.stem for p in (*RECORDINGS, *HELDOUT)} <= rows
