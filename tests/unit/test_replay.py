@@ -359,3 +359,6 @@ def test_replay_compare_reads_every_folder_of_recordings_it_is_given(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     rows = {line.split(" | ")[0][2:] for line in out.splitlines() if line.startswith("| ") and "---" not in line}
     assert {p.stem for p in (*RECORDINGS, *HELDOUT)} <= rows
+    empty = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings", str(tmp_path)],
+                           capture_output=True, text=True)
+    assert empty.returncode == 2 and "no recordings (*.json) in" in empty.stderr and "Traceback" not in empty.stderr
