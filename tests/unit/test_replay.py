@@ -15,6 +15,7 @@ from edgespec.replay import (EOS, NgramMod, NgramSimple, Recording, RecordedTarg
                              replay, replay_fixed, replay_live)
 
 DATA = Path(__file__).parent.parent / "data"
+SCRIPTS = Path(__file__).parent.parent.parent / "scripts"
 TABLES = sorted((DATA / "costs").glob("*.json"))
 RECORDINGS = sorted((DATA / "recordings").glob("*.json"))
 # Answers to prompts no policy here was tuned on (scripts/heldout.jsonl, recorded with
@@ -260,7 +261,7 @@ def test_every_known_loss_names_a_stored_table_and_recording():
 
 
 def test_the_held_out_answers_are_of_the_held_out_prompts_and_not_the_built_in_ones():
-    prompts = Path(__file__).parent.parent.parent / "scripts" / "heldout.jsonl"
+    prompts = SCRIPTS / "heldout.jsonl"
     ids = {json.loads(line)["id"] for line in prompts.read_text().splitlines() if line.strip()}
     assert {p.stem for p in HELDOUT} == ids and len(ids) == 9
     assert not {p.stem for p in HELDOUT} & {p.stem for p in RECORDINGS}
@@ -335,7 +336,7 @@ def test_replay_compare_prints_a_profile_used_on_another_machine(tmp_path):
     shutil.copy(DATA / "costs" / "intel-xeon-amx.json", tmp_path / "t")
     for name in ("copy-fix-bisect", "summ-raise"):
         shutil.copy(DATA / "recordings" / f"{name}.json", tmp_path / "r")
-    script = Path(__file__).parent.parent.parent / "scripts" / "replay_compare"
+    script = SCRIPTS / "replay_compare"
     out = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
                           str(tmp_path / "r"), "--machine", str(LATER)], capture_output=True, text=True, check=True).stdout
     assert "## intel-xeon-amx used on intel-xeon-amx-17h" in out
@@ -353,7 +354,7 @@ def test_replay_compare_reads_every_folder_of_recordings_it_is_given(tmp_path):
 
     (tmp_path / "t").mkdir()
     shutil.copy(DATA / "costs" / "intel-xeon-amx.json", tmp_path / "t")
-    script = Path(__file__).parent.parent.parent / "scripts" / "replay_compare"
+    script = SCRIPTS / "replay_compare"
     out = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
                           str(DATA / "recordings"), "--recordings", str(DATA / "recordings-heldout")],
                          capture_output=True, text=True, check=True).stdout
