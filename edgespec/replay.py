@@ -4,7 +4,7 @@ A greedy answer is fixed by the target whatever drafts it (up to near-ties, see 
 *Exactness*), so a recording of one — the prompt's tokens and the answer's — and a machine's
 measured costs t(k, depth) say what any policy would have done on that machine: each round's
 draft is checked against the recording, and each verify batch of k rows costs t(k, depth) at the
-depth it ran. The policies:
+depth it ran (sizes the table lacks filled in as CPU kernels run them: `charged`). The policies:
 
 - "auto": edgespec's own decoder (speculative.py) with the copy-following n-gram drafter and the
   controller as they are, over a target that answers from the recording;
@@ -156,26 +156,45 @@ def _cost_of(passes: Sequence[tuple[int, int]], cost: CostModel) -> float:
     return sum(cost.t_ms(rows, depth) for rows, depth in passes)
 
 
-def linear_between(cost: CostModel, up_to: int = 80) -> CostModel:
-    """The table with every batch size up to `up_to` filled in linearly between measured sizes (past
-    the largest, its last stretch's slope), at each depth.
+# ggml's CPU kernels for quantized weights (ggml-cpu/repack.cpp, used on every x86 machine with AVX2)
+# multiply a batch's rows four at a time and the one to three left over one by one (gemv), so a row
+# past a multiple of four costs about what a row-by-row product costs, not a line's share (README,
+# *The replay harness*: t(17), t(33), t(49), t(65) measured against t(16) ... t(64)).
+TILE_ROWS = 4
 
-    What a pass of an unmeasured size really costs lies between this and the next measured size's
-    cost (the staircase the controller assumes; README, *Measured*, shows both on one machine).
-    Replays charge this one by default, so a policy drafting odd sizes
-    (llama.cpp's 48-token drafts are 49-row batches) is not charged the next tile it may not pay."""
+
+def charged(cost: CostModel, up_to: int = 80, *, tiles: bool = True) -> CostModel:
+    """What each pass is charged: the table with every batch size up to `up_to` filled in, at each depth.
+
+    Measured sizes cost what was measured. Between them, a batch of 4m rows costs the line between
+    the measured sizes either side (past the largest, its last stretch's slope); with `tiles`, a
+    batch of 4m + r rows (r = 1..3) costs that plus r rows charged one by one, each at the table's
+    own row-by-row step: t(5) - t(4) where both were measured, else t(3) - t(2) (the smaller on
+    every table that has both), and never less than the line. Without `tiles`, every size lies on the line: the least an
+    unmeasured size can cost. The controller itself still assumes the next measured size's cost
+    (costs.staircase): the most it can cost."""
     def fill(ms: dict[int, float]) -> dict[int, float]:
         ks = sorted(ms)
-        out = {}
-        for k in range(1, up_to + 1):
+
+        def line(k: int) -> float:
+            if k in ms:
+                return ms[k]
             lo = max((x for x in ks if x <= k), default=ks[0])
             hi = min((x for x in ks if x > k), default=None)
             if hi is None:  # past the largest: the last stretch's slope
                 a, b = (ks[-2], ks[-1]) if len(ks) > 1 else (ks[-1], ks[-1])
                 slope = (ms[b] - ms[a]) / (b - a) if b > a else 0.0
-                out[k] = ms[b] + max(slope, 0.0) * (k - b)
+                return ms[b] + max(slope, 0.0) * (k - b)
+            return ms[lo] + (ms[hi] - ms[lo]) * (k - lo) / (hi - lo)
+
+        step = ms[5] - ms[4] if 4 in ms and 5 in ms else (ms[3] - ms[2] if 2 in ms and 3 in ms else 0.0)
+        out = {}
+        for k in range(1, up_to + 1):
+            left = k % TILE_ROWS
+            if not tiles or k in ms or k < TILE_ROWS or not left:
+                out[k] = line(k)
             else:
-                out[k] = ms[lo] + (ms[hi] - ms[lo]) * (k - lo) / (hi - lo)
+                out[k] = max(line(k), line(k - left) + left * step)
         return out
 
     tables = {0: {1: cost.t1_ms, **{k: v * cost.t1_ms for k, v in cost.verify.items()}}}
@@ -215,11 +234,11 @@ def replay_auto(rec: Recording, cost: CostModel, *, spec: SpecConfig = SpecConfi
 
 
 def replay_live(rec: Recording, profile: CostModel, machine: CostModel, *, noise: float = 0.05, seed: int = 0,
-                spec: SpecConfig = SpecConfig()) -> Replayed:
+                spec: SpecConfig = SpecConfig(), tiles: bool = True) -> Replayed:
     """edgespec's decoder choosing from a saved `profile` on a `machine` whose costs may have moved
-    since (measured later, or another machine): its passes take the machine's time (linear_between)
+    since (measured later, or another machine): its passes take the machine's time (charged)
     on a scripted clock, and live timing checks and corrects the profile as it does in a real run."""
-    clock, charge = ScriptedClock(), linear_between(machine)
+    clock, charge = ScriptedClock(), charged(machine, tiles=tiles)
 
     def timed(prompt, truth, vocab):
         return TimedTarget(prompt, truth, vocab, clock=clock, charge=charge, noise=noise, seed=seed)
@@ -354,10 +373,10 @@ POLICIES: dict[str, Callable[[], object]] = {
 
 def replay(policy: str, rec: Recording, cost: CostModel, *, charge: CostModel | None = None) -> Replayed:
     """`policy` on `rec`: the controller decides from `cost` (what the profile measured); each pass is
-    charged from `charge` (default: `cost` filled in linearly between its sizes, linear_between)."""
+    charged from `charge` (default: `cost` with every size filled in, charged)."""
     if policy != "auto" and policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (known: auto, {', '.join(POLICIES)})")
-    charge = charge or linear_between(cost)
+    charge = charge or charged(cost)
     if policy == "auto":
         return replay_auto(rec, cost, charge=charge)
     return replay_fixed(policy, POLICIES[policy](), rec, charge)
