@@ -169,10 +169,10 @@ def charged(cost: CostModel, up_to: int = 80, *, tiles: bool = True) -> CostMode
     Measured sizes cost what was measured. Between them, a batch of 4m rows costs the line between
     the measured sizes either side (past the largest, its last stretch's slope); with `tiles`, a
     batch of 4m + r rows (r = 1..3) costs that plus r rows charged one by one, each at the table's
-    own row-by-row step: t(5) - t(4) where both were measured, else t(3) - t(2) (the smaller on
-    every table that has both), and never less than the line. Without `tiles`, every size lies on the line: the least an
-    unmeasured size can cost. The controller itself still assumes the next measured size's cost
-    (costs.staircase): the most it can cost."""
+    own row-by-row step (t(5) - t(4) where both were measured, else t(3) - t(2): two and three rows
+    run one by one), and never less than the line. Without `tiles`, every size lies on the line:
+    the least an unmeasured size can cost. The controller itself still assumes the next measured
+    size's cost (costs.staircase): the most it can cost."""
     def fill(ms: dict[int, float]) -> dict[int, float]:
         ks = sorted(ms)
 
