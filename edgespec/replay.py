@@ -234,11 +234,12 @@ def replay_auto(rec: Recording, cost: CostModel, *, spec: SpecConfig = SpecConfi
 
 
 def replay_live(rec: Recording, profile: CostModel, machine: CostModel, *, noise: float = 0.05, seed: int = 0,
-                spec: SpecConfig = SpecConfig(), tiles: bool = True) -> Replayed:
+                spec: SpecConfig = SpecConfig(), charge: CostModel | None = None) -> Replayed:
     """edgespec's decoder choosing from a saved `profile` on a `machine` whose costs may have moved
-    since (measured later, or another machine): its passes take the machine's time (charged)
-    on a scripted clock, and live timing checks and corrects the profile as it does in a real run."""
-    clock, charge = ScriptedClock(), charged(machine, tiles=tiles)
+    since (measured later, or another machine): its passes take the machine's time (`charge`,
+    default: the machine's table filled in by `charged`) on a scripted clock, and live timing
+    checks and corrects the profile as it does in a real run."""
+    clock, charge = ScriptedClock(), charge or charged(machine)
 
     def timed(prompt, truth, vocab):
         return TimedTarget(prompt, truth, vocab, clock=clock, charge=charge, noise=noise, seed=seed)
