@@ -165,6 +165,10 @@ RUN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # A copy run this long is a long copy: its state is "copy" whatever found it, after an edit it is
 # resumed as the same copy, and it is trusted on its own record (NgramState.trusted).
 LONG_RUN = 16
+# A copy found by an n-gram (n_max tokens at most) runs as far back as the output and its source
+# agree, counted up to the longest run bucket: a prompt that ends inside a copy (a "continue", an
+# editor's half-written file) is a long copy already, not a fresh 4-token find.
+AGREE_MAX = RUN_BUCKETS[-1]
 
 
 def run_bucket(run: int) -> int:
@@ -236,6 +240,10 @@ class NgramDrafter:
     # point, and just after an edit the edit's own guess is proposed before it.
     WEAK_FIND = 4
     GUESS_RUN = 8  # a match found anywhere must have held this long for its break to be guessed as an edit
+    # A match found anywhere is looked for among this many of its n-gram's latest occurrences: the
+    # one the output agrees with furthest back is where the copy comes from (repeated lines, a
+    # template's records: the latest occurrence of four tokens is often another one).
+    FAR_CANDIDATES = 16
 
     def __init__(self, n_min: int = 1, n_max: int = 4):
         if not 1 <= n_min <= n_max:
@@ -389,14 +397,35 @@ class NgramDrafter:
                     # Found again near a chance match that broke: still a guess (a "find"), though
                     # the edit it implies is learnt like any other (a rename in the copy's first
                     # tokens). Labelled a copy, it drafted into free text at the copy's 0.7 prior.
-                    self._copy_from(near, n, "copy" if self._div_real else "find", i, near=True)
+                    self._copy_from(near, self._agreement(near, i, n), "copy" if self._div_real else "find", i, near=True)
                     return
             if best_far is None:
-                best_far = (ends[-1], n)
+                best_far = self._furthest(ends, i, n)
         if best_far is not None:
-            self._copy_from(best_far[0], best_far[1], "find", i, near=False)
+            self._copy_from(best_far[1], best_far[0], "find", i, near=False)
         else:
             self.pointer = None
+
+    def _furthest(self, ends: list[int], i: int, n: int) -> tuple[int, int]:
+        """Of the latest FAR_CANDIDATES occurrences of the n-gram ending at token i, the one the
+        output agrees with furthest back (of equals, the latest), as (agreement, pointer)."""
+        ctx = self._ctx
+        best = (n, ends[-1])
+        before = ctx[i - n] if i >= n else None
+        for end in reversed(ends[-self.FAR_CANDIDATES:]):
+            if end > n and ctx[end - n - 1] == before:  # agrees beyond the n-gram: worth counting
+                agreed = self._agreement(end, i, n)
+                if agreed > best[0]:
+                    best = (agreed, end)
+        return best
+
+    def _agreement(self, pointer: int, i: int, matched: int) -> int:
+        """How many tokens up to token i agree with those before `pointer` (`matched` known to),
+        counted up to AGREE_MAX: the copy's run as the text shows it, not the n-gram that found it."""
+        ctx = self._ctx
+        while matched < AGREE_MAX and matched < pointer and ctx[pointer - matched - 1] == ctx[i - matched]:
+            matched += 1
+        return matched
 
     def _copy_from(self, pointer: int, matched: int, origin: str, i: int, *, near: bool) -> None:
         self.pointer, self.run, self.origin = pointer, matched, origin

@@ -27,7 +27,7 @@ JSON files (tests/data/).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -41,6 +41,9 @@ from .sampling import SamplingConfig
 from .speculative import SpecSettings, SpeculativeDecoder
 
 EOS = 0  # the recording's tokens are renumbered 1..V; 0 ends the answer
+# An answer taken up late (Recording.taken_up) keeps at least this many tokens to generate: one
+# 48-token draft of llama.cpp's ngram-simple, so every policy has room for a long draft.
+MIN_LEFT = 48
 
 
 # ---- inputs ------------------------------------------------------------------------------------
@@ -65,6 +68,15 @@ class Recording:
         for t in (*self.prompt, *self.answer):
             ids.setdefault(t, len(ids) + 1)
         return [ids[t] for t in self.prompt], [ids[t] for t in self.answer] + [EOS]
+
+    def taken_up(self, every: int, *, left: int = MIN_LEFT) -> list["Recording"]:
+        """The answer taken up again from every `every`-th token on, the tokens before moved into the
+        prompt (named id@start): prompts that end inside the answer, as a "continue" or an editor's
+        half-written file does. Starts that leave fewer than `left` tokens to generate are skipped."""
+        if every < 1:
+            raise ValueError(f"every must be at least 1, not {every}")
+        return [replace(self, id=f"{self.id}@{s}", prompt=self.prompt + self.answer[:s], answer=self.answer[s:])
+                for s in range(every, len(self.answer) - left + 1, every)]
 
 
 def load_cost_table(path: str | Path) -> CostModel:

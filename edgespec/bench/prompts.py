@@ -12,7 +12,7 @@ from ..config import SPEC_MODES, Mode
 from ..errors import InputError
 
 DEFAULT_MODES = (Mode.OFF, Mode.DRAFT, Mode.NGRAM, Mode.COMBINED, Mode.AUTO)  # the baseline first
-PROMPT_FIELDS = {"id": str, "category": str, "prompt": str, "system": str, "max_tokens": int}
+PROMPT_FIELDS = {"id": str, "category": str, "prompt": str, "system": str, "max_tokens": int, "prefill": str}
 REQUIRED_FIELDS = ("id", "category", "prompt")
 
 
@@ -23,6 +23,9 @@ class BenchPrompt:
     prompt: str
     system: str | None = None
     max_tokens: int | None = None
+    # The answer's start, already written: the model goes on from it (a "continue", an editor's
+    # half-written file). It is part of the prompt, not of what is generated or timed.
+    prefill: str | None = None
 
 
 def parse_prompts(text: str, source: str = "<prompts>") -> list[BenchPrompt]:
@@ -58,7 +61,8 @@ def parse_prompts(text: str, source: str = "<prompts>") -> list[BenchPrompt]:
         if obj["id"] in seen:
             raise InputError(f"{where}: duplicate id {obj['id']!r} (first on line {seen[obj['id']]})")
         seen[obj["id"]] = lineno
-        prompts.append(BenchPrompt(obj["id"], obj["category"], obj["prompt"], obj.get("system"), obj.get("max_tokens")))
+        prompts.append(BenchPrompt(obj["id"], obj["category"], obj["prompt"], obj.get("system"), obj.get("max_tokens"),
+                                   obj.get("prefill")))
     if not prompts:
         raise InputError(f"{source}: no prompts (expected one JSON object per line)")
     return prompts

@@ -46,7 +46,9 @@ class Runner:
     def tokens(self, p: BenchPrompt) -> list[int]:
         if p.id not in self._tokens:
             messages = ([Message("system", p.system)] if p.system else []) + [Message("user", p.prompt)]
-            self._tokens[p.id] = self.engine.chat_tokens(messages)
+            # the prefill goes on from the template's assistant header, read as text (never as control tokens)
+            prefill = self.engine.target.tokenize(p.prefill, special=False) if p.prefill else []
+            self._tokens[p.id] = self.engine.chat_tokens(messages) + prefill
         return self._tokens[p.id]
 
     def reset(self) -> None:

@@ -92,3 +92,20 @@ def test_bench_fast_kernels_every_repeat_in_json_and_the_exit_code_is_the_verdic
         if mode != "off":
             lo, hi = row["spread"]["speedup"]
             assert row["speedup_overlaps_1"] == (lo <= 1.0 <= hi)
+
+
+def test_bench_goes_on_from_a_prompts_prefill(tmp_path):
+    copy = PROMPTS[1]
+    rows = [copy, {**copy, "id": "copy-prefilled", "prefill": "def add_all(xs):\n    acc = 0\n"}]
+    f = tmp_path / "prefill.jsonl"
+    f.write_text("".join(json.dumps(p) + "\n" for p in rows))
+    args = ["bench", "--prompts", str(f), "--max-tokens", "16", "--modes", "off,ngram", "--json", "-q", "-t", "2",
+            "--repeats", "1"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, (r.stdout, r.stderr, r.exception)
+    prompts = {p["id"]: p for p in json.loads(r.stdout)["prompts"]}
+    # the prefill is read as part of the prompt (after the template), not generated
+    assert prompts["copy-prefilled"]["prompt_tokens"] >= prompts["copy"]["prompt_tokens"] + 8
+    # going on from there is copying the rest of the function: the drafter finds it at once
+    ngram = prompts["copy-prefilled"]["modes"]["ngram"]
+    assert ngram["drafted"] > 0 and ngram["accepted"] > 0

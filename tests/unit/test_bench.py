@@ -30,9 +30,11 @@ def test_parse_good_file_with_optional_fields_comments_and_blank_lines():
         "",
         "# a comment",
         '{"id": "b", "category": "edit", "prompt": "fix", "system": "be brief", "max_tokens": 32, "extra": 1}',
+        '{"id": "c", "category": "copy", "prompt": "go on", "prefill": "def f(x):\\n"}',
     ])
     ps = parse_prompts(text, "set.jsonl")
-    assert ps == [BenchPrompt("a", "free", "hi"), BenchPrompt("b", "edit", "fix", "be brief", 32)]
+    assert ps == [BenchPrompt("a", "free", "hi"), BenchPrompt("b", "edit", "fix", "be brief", 32),
+                  BenchPrompt("c", "copy", "go on", prefill="def f(x):\n")]
 
 
 @pytest.mark.parametrize(
@@ -47,6 +49,7 @@ def test_parse_good_file_with_optional_fields_comments_and_blank_lines():
         ('{"id": "b", "category": "x", "prompt": "p", "max_tokens": 0}', "set.jsonl:2: 'max_tokens' must be a positive integer"),
         ('{"id": "b", "category": "x", "prompt": "p", "max_tokens": "9"}', "set.jsonl:2: 'max_tokens' must be a positive integer"),
         ('{"id": "b", "category": "x", "prompt": "p", "system": 5}', "set.jsonl:2: 'system' must be a non-empty string"),
+        ('{"id": "b", "category": "x", "prompt": "p", "prefill": ["a"]}', "set.jsonl:2: 'prefill' must be a non-empty string"),
         ('{"id": "a", "category": "x", "prompt": "p"}', "set.jsonl:2: duplicate id 'a' (first on line 1)"),
     ],
 )
@@ -212,6 +215,9 @@ class BenchModel(FakeModel):
     def token_bytes(self, token):
         return bytes([97 + token])
 
+    def tokenize(self, text, *, special=False, add_bos=False):
+        return [1 + (ord(ch) % 7) for ch in text]  # as FakeEngine.chat_tokens reads a message
+
 
 class FakeEngine(Engine):
     """The real Engine's decoder/stream over fake models (no llama.cpp)."""
@@ -260,6 +266,18 @@ def test_run_bench_on_fakes_verifies_and_isolates_runs():
     data = res.to_json()
     assert set(data["overall"]) == set(res.modes) and data["verify"]["ok"] is True
     assert data["overall"]["off"]["speedup"] == 1.0
+
+
+def test_a_prompts_prefill_is_read_after_the_template_and_generation_goes_on_from_it():
+    from edgespec.bench.runner import Runner
+
+    eng = FakeEngine()
+    runner = Runner(eng)
+    plain, prefilled = BenchPrompt("a", "edit", "abcab"), BenchPrompt("b", "edit", "abcab", prefill="cabca")
+    assert runner.tokens(prefilled) == runner.tokens(plain) + eng.target.tokenize("cabca")
+    res = run_bench(eng, [plain, prefilled], ["off"], SamplingConfig(), repeats=1, max_tokens=8)
+    stats = {r.prompt_id: r.stats for r in res.runs}
+    assert stats["b"].prompt_tokens == stats["a"].prompt_tokens + 5 and stats["b"].tokens <= 8
 
 
 def test_run_bench_without_draft_skips_draft_modes():

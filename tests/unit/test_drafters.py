@@ -60,6 +60,34 @@ def test_a_verbatim_copy_earns_long_drafts_as_the_run_grows():
     assert d.run == 39  # the last token is seen at the next proposal
 
 
+def test_a_prompt_that_ends_inside_a_copy_is_a_long_copy_already():
+    # a "continue", an editor's half-written file: the output and its source already agree for 30
+    # tokens, so the copy is a long one (trusted on its own record), not a 4-token find
+    props = follow(NgramDrafter(), [*PROMPT, *SOURCE[:30]], SOURCE[30:32])
+    assert props[0].tokens[:30] == tuple(SOURCE[30:]) and props[0].key == NgramState("copy", 16)
+    assert props[0].key.trusted and props[0].history.run == 30
+    # counted up to the longest run bucket
+    long_source = list(range(300, 400))
+    props = follow(NgramDrafter(), [1, *long_source, 2, *long_source[:90]], long_source[90:91])
+    assert props[0].tokens[:10] == tuple(long_source[90:]) and props[0].key == NgramState("copy", 64)
+    assert props[0].history.run == 64
+    # four tokens that agree only as far as the n-gram that found them are a fresh find, as before
+    props = follow(NgramDrafter(), [*PROMPT, 7, *SOURCE[:4]], SOURCE[4:5])
+    assert props[0].tokens[:3] == tuple(SOURCE[4:7]) and props[0].key == NgramState("find", 4)
+
+
+def test_a_match_found_anywhere_is_the_occurrence_the_output_agrees_with_furthest_back():
+    # two occurrences of the same four tokens go on differently; the later one is what a lookup of
+    # the latest occurrence finds, the earlier one is what the output has been copying
+    first = [10, 11, 12, 13, 50, 51, 52, 53, 60, 61, 62, 63]
+    later = [20, 21, 50, 51, 52, 53, 70, 71, 72, 73]
+    props = follow(NgramDrafter(), [1, *first, 2, *later, 3, 11, 12, 13, 50, 51, 52, 53], [60])
+    assert props[0].tokens[:4] == (60, 61, 62, 63) and props[0].history.run == 7
+    # of occurrences that agree as far, the latest
+    props = follow(NgramDrafter(), [1, *first, 2, *later, 3, 50, 51, 52, 53], [70])
+    assert props[0].tokens[:4] == (70, 71, 72, 73) and props[0].history.run == 4
+
+
 def test_a_copy_draft_says_which_state_each_of_its_tokens_would_be_drafted_in():
     # a find 5 tokens in: tokens at runs 5-7 are find/r4, 8-15 find/r8, from 16 on the copy is long
     assert copy_path("find", 5, 20) == ((NgramState("find", 4), 3), (NgramState("find", 8), 8),

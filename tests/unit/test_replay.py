@@ -184,6 +184,8 @@ def test_rows_past_a_tile_are_charged_from_each_stored_table_itself():
 
 # ---- the controller against llama.cpp's fixed-length modes, per machine ------------------------------
 COPY_HEAVY = {"copy", "rename", "edit", "extract"}
+# where little is copied auto is to be "never slower than plain": within this, the noise of a live run
+PLAIN_FLOOR = 0.98
 LITTLE_TO_COPY = {"free", "code", "rag", "summ"}
 _CACHE: dict = {}
 
@@ -216,6 +218,9 @@ KNOWN_LOSSES = {
     # the same answer on the slower Xeon's measured table: two 3-token bets (a copy state at run 3 after a
     # 6-token shadow lifted the pool, then a fresh copy state), both missed, on a 27-token answer
     ("intel-xeon-amx", "rag-objects-quote"): "auto 0.975x plain (27-token answer, 0 of 6 drafted accepted)",
+    # a summary's 3-token bets on finds (expected 1.07-1.56x where a 4-row batch is cheap), a third kept;
+    # finds counted by how far back they agree (one at run 5 where the 4-gram said 4) moved it 0.986x -> 0.979x
+    ("intel-xeon-amx", "summ-raise"): "auto 0.979x plain",
     # weak states drafting 3 tokens into a 4-row batch (v(4) = 1.72 < v(3)) at a pooled record
     # lifted by one lucky 12-token shadow round
     ("intel-xeon-avx512", "rag-objects-quote"): "auto 0.93x plain (27-token answer, 1 of 14 drafted accepted)",
@@ -223,8 +228,6 @@ KNOWN_LOSSES = {
     # function runs into the next signature, where the answer inserts `: str` (24 of 63 kept), and another
     # into a docstring the answer rewords (3 of 63); ngram-simple's 48-token drafts broke nearer their ends
     ("amd-epyc-zen5-avx512", "hx-hints-shutil"): "auto 0.98x the best fixed mode (ngram-simple)",
-    # 3-token bets of weak copy states (expected 1.04-1.06x) that kept 7 of 15; ngram-mod drafts nothing here
-    ("amd-epyc-avx512", "hx-extract-formatter"): "auto 0.98x the best fixed mode (ngram-mod: plain)",
     # 3-token bets of weak copy states deep in a 2,000-token document (expected 1.04-1.25x), 7 of 28 kept
     ("intel-xeon-amx", "hx-rag-import"): "auto 0.978x plain (132-token answer)",
 }
@@ -267,7 +270,41 @@ def test_auto_is_well_ahead_of_the_best_fixed_mode_on_copies_taken_together(tabl
 @pytest.mark.parametrize(("table", "rec"), cases(LITTLE_TO_COPY))
 def test_auto_is_never_much_slower_than_plain_where_little_is_copied(table, rec):
     res = outcomes(table, rec)
-    assert res["plain"].ms / res["auto"].ms >= 0.98, {p: round(res["plain"].ms / r.ms, 3) for p, r in res.items()}
+    assert res["plain"].ms / res["auto"].ms >= PLAIN_FLOOR, {p: round(res["plain"].ms / r.ms, 3) for p, r in res.items()}
+
+
+# Prompts that end inside the answer (Recording.taken_up: a "continue", an editor's half-written
+# file), every TAKEN_UP_EVERY tokens: there the copy is already long when decoding starts, and a
+# drafter that judged it by the four tokens that found it ramped up from a fresh find (geometric
+# means 1.03-1.37x, README *The replay harness*).
+TAKEN_UP_EVERY = 64
+
+
+@pytest.mark.parametrize("table", TABLES, ids=[t.stem for t in TABLES])
+def test_answers_taken_up_inside_a_copy_are_drafted_as_the_long_copies_they_are(table):
+    cost = load_cost_table(table)
+    copies, few = [], []
+    for path in (*RECORDINGS, *HELDOUT):
+        rec = Recording.load(path)
+        for later in rec.taken_up(TAKEN_UP_EVERY):
+            auto = replay("auto", later, cost).ms
+            if rec.category in COPY_HEAVY:
+                copies.append(min(replay(p, later, cost).ms for p in FIXED) / auto)
+            else:
+                few.append(replay("plain", later, cost).ms / auto)
+    assert len(copies) >= 50 and len(few) >= 8
+    assert geomean(copies) >= 1.1, sorted(copies)[:5]
+    assert geomean(few) >= PLAIN_FLOOR, sorted(few)[:5]
+
+
+def test_an_answer_is_taken_up_from_every_nth_token_leaving_room_for_a_long_draft():
+    rec = Recording("r", "copy", (1, 2), tuple(range(10, 110)))
+    later = rec.taken_up(20)
+    assert [r.id for r in later] == ["r@20", "r@40"]  # from 60 on fewer than MIN_LEFT = 48 are left
+    assert later[0].prompt == (1, 2, *range(10, 30)) and later[0].answer == tuple(range(30, 110))
+    assert rec.taken_up(200) == []
+    with pytest.raises(ValueError):
+        rec.taken_up(0)
 
 
 def test_every_known_loss_names_a_stored_table_and_recording():
@@ -325,7 +362,7 @@ def test_a_profile_that_drifted_is_corrected_where_little_is_copied():
     morning, later = load_cost_table(TABLES[[t.stem for t in TABLES].index("intel-xeon-amx")]), load_cost_table(LATER)
     res = live_against(morning, later)
     few_fixed, few_live = geomean([f for f, _ in res["few"]]), geomean([x for _, x in res["few"]])
-    assert few_fixed < 0.98 and few_live >= 0.98 and few_live >= few_fixed + 0.01, (few_fixed, few_live)
+    assert few_fixed < PLAIN_FLOOR and few_live >= PLAIN_FLOOR and few_live >= few_fixed + 0.01, (few_fixed, few_live)
     copy_fixed, copy_live = geomean([f for f, _ in res["copy"]]), geomean([x for _, x in res["copy"]])
     assert copy_live >= 0.99 * copy_fixed and copy_live >= 1.15, (copy_fixed, copy_live)
 
@@ -409,3 +446,45 @@ def test_replay_compare_charges_sizes_a_table_lacks_in_tiles_or_on_the_line(tmp_
     bad = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
                           str(tmp_path / "r"), "--charge", "stairs"], capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_replay_compare_takes_each_answer_up_from_every_nth_token(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "r").mkdir()
+    shutil.copy(DATA / "costs" / "amd-epyc-avx2.json", tmp_path / "t")
+    shutil.copy(DATA / "recordings" / "edit-rename.json", tmp_path / "r")
+    script = SCRIPTS / "replay_compare"
+    out = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
+                          str(tmp_path / "r"), "--start-every", "50"], capture_output=True, text=True, check=True).stdout
+    rec = Recording.load(tmp_path / "r" / "edit-rename.json")
+    rows = [line.split(" | ")[0][2:] for line in out.splitlines() if line.startswith("| edit-rename")]
+    assert rows == [r.id for r in rec.taken_up(50)] and len(rows) >= 2
+    assert f"of {len(rows)} below 1.00x" in out
+    bad = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
+                          str(tmp_path / "r"), "--start-every", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--start-every must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_taken_up_held_out_prompts_are_the_held_out_ones_cut_at_a_line_end_past_the_middle():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_taken_up_prompts", SCRIPTS / "make_taken_up_prompts.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    assert make.cut([b"a\n"] * 100) == 50
+    assert make.cut([b"a"] * 60 + [b"\n"] + [b"b"] * 39) is None  # no line end leaving 48 to generate
+    assert make.cut([b"a"] * 30 + [b"\n"] + [b"b"] * 69) is None  # none from the middle on
+    heldout = {json.loads(line)["id"]: json.loads(line) for line in (SCRIPTS / "heldout.jsonl").read_text().splitlines()
+               if line.strip()}
+    rows = [json.loads(line) for line in (SCRIPTS / "heldout-taken-up.jsonl").read_text().splitlines() if line.strip()]
+    assert len(rows) == len(recordings(COPY_HEAVY, HELDOUT)) == 6
+    for row in rows:
+        pid, start = row["id"].split("@")
+        rec = Recording.load(DATA / "recordings-heldout" / f"{pid}.json")
+        assert row["prompt"] == heldout[pid]["prompt"] and row["category"] == heldout[pid]["category"]
+        assert len(rec.answer) // 2 <= int(start) <= len(rec.answer) - 48 and row["prefill"].endswith("\n")
+        assert row["max_tokens"] == len(rec.answer) - int(start)
