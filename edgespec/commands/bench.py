@@ -23,7 +23,8 @@ from .root import CONTEXT, cli
 @cli.command(context_settings=CONTEXT)
 @model_options
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, path_type=Path),
-              help='JSONL prompt set: {"id", "category", "prompt", optional "system", "max_tokens"} per line. Default: the built-in set.')
+              help='JSONL prompt set: {"id", "category", "prompt", optional "system", "max_tokens", "prefill"} per line '
+                   '("prefill": the answer\'s start, already written; generation goes on from it). Default: the built-in set.')
 @click.option("--modes", default=",".join(DEFAULT_MODES), show_default=True,
               help="Comma-separated modes; off (the baseline) always runs. Modes needing a draft model are skipped without one.")
 @click.option("--category", "categories", multiple=True, help="Only prompts of this category (repeatable, or comma-separated).")
