@@ -379,19 +379,30 @@ def test_a_decoder_that_drafts_every_round_still_learns_what_single_passes_cost(
         assert plain / replay_live(rec, avx2, avx512, noise=NOISE, seed=seed).ms >= 0.95
 
 
-def test_replay_compare_prints_a_profile_used_on_another_machine(tmp_path):
+def _replay_compare(tmp_path, table: str, recordings, *args: str):
+    """scripts/replay_compare on one stored table (copied into its own folder) and `recordings`: a
+    folder, or recording names copied from the built-in set into one."""
     import shutil
     import subprocess
     import sys
 
-    (tmp_path / "t").mkdir()
-    (tmp_path / "r").mkdir()
-    shutil.copy(DATA / "costs" / "intel-xeon-amx.json", tmp_path / "t")
-    for name in ("copy-fix-bisect", "summ-raise"):
-        shutil.copy(DATA / "recordings" / f"{name}.json", tmp_path / "r")
-    script = SCRIPTS / "replay_compare"
-    out = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
-                          str(tmp_path / "r"), "--machine", str(LATER)], capture_output=True, text=True, check=True).stdout
+    tables = tmp_path / "t"
+    tables.mkdir(exist_ok=True)
+    shutil.copy(DATA / "costs" / f"{table}.json", tables)
+    if not isinstance(recordings, Path):
+        folder = tmp_path / "r"
+        folder.mkdir(exist_ok=True)
+        for name in recordings:
+            shutil.copy(DATA / "recordings" / f"{name}.json", folder)
+        recordings = folder
+    return subprocess.run([sys.executable, str(SCRIPTS / "replay_compare"), "--tables", str(tables),
+                           "--recordings", str(recordings), *args], capture_output=True, text=True)
+
+
+def test_replay_compare_prints_a_profile_used_on_another_machine(tmp_path):
+    run = _replay_compare(tmp_path, "intel-xeon-amx", ("copy-fix-bisect", "summ-raise"), "--machine", str(LATER))
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
     assert "## intel-xeon-amx used on intel-xeon-amx-17h" in out
     header = next(line for line in out.splitlines() if line.startswith("| recording"))
     assert header.split(" | ")[2:5] == ["plain", "auto", "auto-live"]
@@ -401,37 +412,20 @@ def test_replay_compare_prints_a_profile_used_on_another_machine(tmp_path):
 
 
 def test_replay_compare_reads_every_folder_of_recordings_it_is_given(tmp_path):
-    import shutil
-    import subprocess
-    import sys
-
-    (tmp_path / "t").mkdir()
-    shutil.copy(DATA / "costs" / "intel-xeon-amx.json", tmp_path / "t")
-    script = SCRIPTS / "replay_compare"
-    out = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
-                          str(DATA / "recordings"), "--recordings", str(DATA / "recordings-heldout")],
-                         capture_output=True, text=True, check=True).stdout
-    rows = {line.split(" | ")[0][2:] for line in out.splitlines() if line.startswith("| ") and "---" not in line}
+    run = _replay_compare(tmp_path, "intel-xeon-amx", DATA / "recordings", "--recordings", str(DATA / "recordings-heldout"))
+    assert run.returncode == 0, run.stderr
+    rows = {line.split(" | ")[0][2:] for line in run.stdout.splitlines() if line.startswith("| ") and "---" not in line}
     assert {p.stem for p in (*RECORDINGS, *HELDOUT)} <= rows
-    empty = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings", str(tmp_path)],
-                           capture_output=True, text=True)
+    (tmp_path / "none").mkdir()
+    empty = _replay_compare(tmp_path, "intel-xeon-amx", tmp_path / "none")
     assert empty.returncode == 2 and "no recordings (*.json) in" in empty.stderr and "Traceback" not in empty.stderr
 
 
 def test_replay_compare_charges_sizes_a_table_lacks_in_tiles_or_on_the_line(tmp_path):
-    import shutil
-    import subprocess
-    import sys
-
-    (tmp_path / "t").mkdir()
-    (tmp_path / "r").mkdir()
-    shutil.copy(DATA / "costs" / "amd-epyc-avx512.json", tmp_path / "t")
-    shutil.copy(DATA / "recordings" / "copy-hints-difflib.json", tmp_path / "r")
-    script = SCRIPTS / "replay_compare"
-
     def tok_s(charge: str) -> dict[str, float]:
-        out = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
-                              str(tmp_path / "r"), "--charge", charge], capture_output=True, text=True, check=True).stdout
+        run = _replay_compare(tmp_path, "amd-epyc-avx512", ("copy-hints-difflib",), "--charge", charge)
+        assert run.returncode == 0, run.stderr
+        out = run.stdout
         header = next(line for line in out.splitlines() if line.startswith("| recording")).split(" | ")
         row = next(line for line in out.splitlines() if line.startswith("| copy-hints-difflib")).split(" | ")
         return {name: float(cell.split()[0]) for name, cell in zip(header[2:-1], row[2:-1])}
@@ -443,29 +437,18 @@ def test_replay_compare_charges_sizes_a_table_lacks_in_tiles_or_on_the_line(tmp_
     assert line["ngram-simple"] == pytest.approx(
         replay("ngram-simple", rec, cost, charge=charged(cost, tiles=False)).tokens_per_s, abs=0.05)
     assert line["ngram-simple"] > tiles["ngram-simple"] and line["plain"] == tiles["plain"]  # its 49-row batches
-    bad = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
-                          str(tmp_path / "r"), "--charge", "stairs"], capture_output=True, text=True)
+    bad = _replay_compare(tmp_path, "amd-epyc-avx512", ("copy-hints-difflib",), "--charge", "stairs")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
 
 def test_replay_compare_takes_each_answer_up_from_every_nth_token(tmp_path):
-    import shutil
-    import subprocess
-    import sys
-
-    (tmp_path / "t").mkdir()
-    (tmp_path / "r").mkdir()
-    shutil.copy(DATA / "costs" / "amd-epyc-avx2.json", tmp_path / "t")
-    shutil.copy(DATA / "recordings" / "edit-rename.json", tmp_path / "r")
-    script = SCRIPTS / "replay_compare"
-    out = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
-                          str(tmp_path / "r"), "--start-every", "50"], capture_output=True, text=True, check=True).stdout
+    run = _replay_compare(tmp_path, "amd-epyc-avx2", ("edit-rename",), "--start-every", "50")
+    assert run.returncode == 0, run.stderr
     rec = Recording.load(tmp_path / "r" / "edit-rename.json")
-    rows = [line.split(" | ")[0][2:] for line in out.splitlines() if line.startswith("| edit-rename")]
+    rows = [line.split(" | ")[0][2:] for line in run.stdout.splitlines() if line.startswith("| edit-rename")]
     assert rows == [r.id for r in rec.taken_up(50)] and len(rows) >= 2
-    assert f"of {len(rows)} below 1.00x" in out
-    bad = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "t"), "--recordings",
-                          str(tmp_path / "r"), "--start-every", "0"], capture_output=True, text=True)
+    assert f"of {len(rows)} below 1.00x" in run.stdout
+    bad = _replay_compare(tmp_path, "amd-epyc-avx2", ("edit-rename",), "--start-every", "0")
     assert bad.returncode == 2 and "--start-every must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
 
 
