@@ -10,7 +10,9 @@ Fairness rules for the timings:
   and the draft model's prefill is done before the timed stream (it is added to TTFT instead);
 - each run gets a fresh controller (no learning carried over between prompts or modes);
 - repeats are the outer loop and the order of modes rotates per repeat, so a noisy minute hits one
-  repeat of several cells (which the median drops) rather than every repeat of one mode;
+  repeat of several cells (which the median drops) rather than every repeat of one mode; it also
+  rotates from one prompt to the next, so within a repeat each mode runs first on some prompts and
+  later on others, and a repeat's figures (of which the median is reported) mix the orders;
 - every figure comes with its spread over the repeats, and a speedup whose range includes 1.0x is
   flagged: that difference is not measurable on this machine at this noise.
 

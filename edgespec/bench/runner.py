@@ -143,11 +143,11 @@ class _Bench:
         runs: list[Run] = []
         total = len(self.prompts) * repeats * len(self.modes)
         for rep in range(repeats):
-            # Rotate the order of modes each repeat: none always runs first (coldest) or last.
-            turn = rep % len(self.modes)
-            order = self.modes[turn:] + self.modes[:turn]
-            for p in self.prompts:
-                for m in order:
+            for i, p in enumerate(self.prompts):
+                # Rotate the order of modes per repeat and per prompt: no mode always runs first or
+                # last, and each repeat's figures (of which the median is reported) mix the orders.
+                turn = (rep + i) % len(self.modes)
+                for m in self.modes[turn:] + self.modes[:turn]:
                     n = len(runs) + 1
                     self.report(BenchEvent(n, total, None, p.id, m, rep))
                     runs.append(self.runner.run(p, m, sampling, budget(p, self.max_tokens), rep))

@@ -391,6 +391,22 @@ def test_repeats_rotate_the_order_of_modes():
                      (2, "auto"), (2, "off"), (2, "ngram")]
 
 
+def test_the_order_of_modes_also_rotates_from_prompt_to_prompt():
+    # with two modes and an odd number of repeats, rotating per repeat alone would put one mode
+    # first in most repeats; rotating per prompt too mixes the orders inside every repeat
+    eng = FakeEngine()
+    seen = []
+    run_bench(eng, PROMPTS, ["off", "auto"], SamplingConfig(), repeats=3, max_tokens=6,
+              warmup=False, on_event=seen.append)
+    runs = [(e.repeat, e.prompt_id, e.mode) for e in seen if e.run is not None]
+    first = {}
+    for rep, pid, mode in runs:
+        first.setdefault((rep, pid), mode)
+    ids = [p.id for p in PROMPTS]
+    assert [[first[rep, pid] for pid in ids] for rep in range(3)] == [["off", "auto"], ["auto", "off"], ["off", "auto"]]
+    assert len(runs) == 3 * 2 * 2 and len(set(runs)) == len(runs)
+
+
 def test_spread_over_repeats_and_speedups_that_overlap_one():
     ps = [BenchPrompt("a", "free", "x")]
     res = BenchResult(modes=["off", "ngram", "draft"], prompts=ps)
