@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 from ..config import Mode, require_at_least_one
 from ..errors import InputError
@@ -15,6 +15,8 @@ from ..template import Message
 from .prompts import BenchPrompt, runnable_modes
 from .results import BenchResult, Difference, verify_runs
 from .stats import Run
+
+T = TypeVar("T")
 
 DEFAULT_MAX_TOKENS = 128  # for a prompt without its own max_tokens
 WARMUP_TOKENS = 8
@@ -83,6 +85,14 @@ class Runner:
         return (time.perf_counter() - t0) * 1000
 
 
+def rotated(items: Sequence[T], repeat: int, prompt_index: int) -> list[T]:
+    """The order of one prompt's runs in one repeat, rotated per repeat and per prompt: no mode
+    always runs first or last, and each repeat's figures (of which the median is reported) mix
+    the orders."""
+    turn = (repeat + prompt_index) % len(items)
+    return [*items[turn:], *items[:turn]]
+
+
 def budget(p: BenchPrompt, cap: int | None) -> int:
     own = p.max_tokens or DEFAULT_MAX_TOKENS
     return min(own, cap) if cap else own
@@ -144,10 +154,7 @@ class _Bench:
         total = len(self.prompts) * repeats * len(self.modes)
         for rep in range(repeats):
             for i, p in enumerate(self.prompts):
-                # Rotate the order of modes per repeat and per prompt: no mode always runs first or
-                # last, and each repeat's figures (of which the median is reported) mix the orders.
-                turn = (rep + i) % len(self.modes)
-                for m in self.modes[turn:] + self.modes[:turn]:
+                for m in rotated(self.modes, rep, i):
                     n = len(runs) + 1
                     self.report(BenchEvent(n, total, None, p.id, m, rep))
                     runs.append(self.runner.run(p, m, sampling, budget(p, self.max_tokens), rep))
