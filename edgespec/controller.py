@@ -28,6 +28,11 @@ POOL_DECAY = 0.7  # the pool follows the last few rounds: text turns from prose 
 # of the answer's own runs, so a few earlier breaks shade a long bet and many decide it (weights
 # 2 to 16 were compared in the replay harness on five machines' costs: see README).
 HISTORY_WEIGHT = 8.0
+# One earlier run as long as this one is an anecdote, not a pattern: the history counts from this many
+# such runs on. Counted from one, a single long earlier run lifted a short find's bet to a 64-row batch
+# that broke at once, and a single earlier break cut a long copy's drafts short (README, *The replay
+# harness*).
+HISTORY_MIN_RUNS = 2
 # A draft must be expected to beat plain decoding by this much: a weak state's rate comes from a few
 # shadow rounds, and short bets expected to gain a few percent on it lost more often than not where
 # small batches are cheap (replay harness; the margins compared are in README, *The replay harness*).
@@ -270,7 +275,8 @@ class Controller:
         (a copy's run grows along its draft): each token is judged at its own state's rate.
         `history`: the copy's run and how this context's earlier runs ended; the chance the draft
         holds to its i-th token is (runs that held run + i + HISTORY_WEIGHT x the path's chance) /
-        (runs that held run + HISTORY_WEIGHT), over the earlier runs that held as long as this one.
+        (runs that held run + HISTORY_WEIGHT), over the earlier runs that held as long as this one,
+        once there are HISTORY_MIN_RUNS of them.
 
         With `load` (the other sequences of the batch), the throughput judged is the whole batch's:
         (load.tokens + E(K)) / (load.draft_cost + K c + cost of the batch with K + 1 more rows),
@@ -301,6 +307,8 @@ class Controller:
         rates = self._rates(path, hi) if path is not None else None
         guessed = confidence is not None and any(c < 1.0 for c in confidence[:hi])
         seen = history.reaching(history.run) if history is not None else 0
+        if seen < HISTORY_MIN_RUNS:
+            seen = 0
         if guessed or seen or (rates is not None and any(r != alpha for r in rates)):
             gain = [1.0]  # gain[k]: expected tokens from a k-token draft (the target's own token included)
             held = sure = 1.0  # the states' chance the copy holds this far; the learnt edits' confidence

@@ -143,7 +143,7 @@ def test_a_round_along_a_path_teaches_each_state_its_own_tokens_up_to_the_first_
 
 
 def test_a_copy_is_judged_by_how_long_this_answers_earlier_copies_held():
-    from edgespec.controller import HISTORY_WEIGHT
+    from edgespec.controller import HISTORY_MIN_RUNS, HISTORY_WEIGHT
     from edgespec.drafters import RunHistory
 
     cheap = CostModel(verify={k: 1 + 0.1 * (k - 1) for k in range(2, 65)})
@@ -164,6 +164,9 @@ def test_a_copy_is_judged_by_how_long_this_answers_earlier_copies_held():
     # earlier copies that all held past the draft make a long bet likelier than the priors say
     long = choice(RunHistory(run=8, ended=(200,) * 20))
     assert long.k >= fresh.k and long.expected_tokens > fresh.expected_tokens
-    # one earlier run weighs as one of the answer's runs against HISTORY_WEIGHT for the path's chance
-    one = choice(RunHistory(run=8, ended=(12,)))
-    assert short.expected_tokens < one.expected_tokens < fresh.expected_tokens and HISTORY_WEIGHT > 1
+    # a single earlier run is an anecdote: the states' rates alone, whichever way it went
+    assert HISTORY_MIN_RUNS == 2
+    assert choice(RunHistory(run=8, ended=(12,))) == fresh == choice(RunHistory(run=8, ended=(3, 200)))
+    # from two on, each weighs as one of the answer's runs against HISTORY_WEIGHT for the path's chance
+    two = choice(RunHistory(run=8, ended=(12, 12)))
+    assert short.expected_tokens < two.expected_tokens < fresh.expected_tokens and HISTORY_WEIGHT > 2
