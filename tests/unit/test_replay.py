@@ -242,8 +242,8 @@ KNOWN_LOSSES = {
 }
 # the same for the geometric mean over a table's copy-heavy answers of one set (the issue asks 1.15x)
 KNOWN_SHORT: dict[tuple[str, str], str] = {
-    # the third Zen 4 table's held-out copies: hx-sr-textwrap 1.14x and hx-hints-shutil 1.03x, each of
-    # their breaks met by a 64-row batch (1.156x before HISTORY_MIN_RUNS, whose single-run bets went the other way)
+    # the third Zen 4 table's held-out copies: hx-sr-textwrap 1.14x (where one 64-row batch kept 20 tokens
+    # before HISTORY_MIN_RUNS, a 16-row batch and then a 64-row one that kept 4; 1.156x before it)
     ("amd-epyc-zen4c-avx512", "held-out"): "auto 1.147x the best fixed mode (geometric mean of 6)",
 }
 
