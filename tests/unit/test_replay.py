@@ -248,14 +248,14 @@ KNOWN_SHORT: dict[tuple[str, str], str] = {
 }
 
 
+def known(why: str | None) -> list:
+    """A known shortfall's marks: a strict expected failure (a fix shows as an unexpected pass)."""
+    return [pytest.mark.xfail(strict=True, reason=why)] if why else []
+
+
 def cases(categories) -> list:
-    out = []
-    for table in TABLES:
-        for rec in recordings(categories):
-            why = KNOWN_LOSSES.get((table.stem, rec.stem))
-            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
-            out.append(pytest.param(table, rec, marks=marks, id=f"{rec.stem}-{table.stem}"))
-    return out
+    return [pytest.param(table, rec, marks=known(KNOWN_LOSSES.get((table.stem, rec.stem))), id=f"{rec.stem}-{table.stem}")
+            for table in TABLES for rec in recordings(categories)]
 
 
 @pytest.mark.parametrize(("table", "rec"), cases(COPY_HEAVY))
@@ -266,9 +266,7 @@ def test_auto_beats_or_matches_every_fixed_length_ngram_mode_on_copy_heavy_answe
 
 
 @pytest.mark.parametrize(("table", "group"), [
-    pytest.param(t, g, id=f"{g}-{t.stem}",
-                 marks=[pytest.mark.xfail(strict=True, reason=KNOWN_SHORT[t.stem, g])] if (t.stem, g) in KNOWN_SHORT else [])
-    for g in SETS for t in TABLES])
+    pytest.param(t, g, id=f"{g}-{t.stem}", marks=known(KNOWN_SHORT.get((t.stem, g)))) for g in SETS for t in TABLES])
 def test_auto_is_well_ahead_of_the_best_fixed_mode_on_copies_taken_together(table, group):
     import math
 
@@ -299,9 +297,8 @@ TAKEN_UP_EVERY = 64
 KNOWN_TAKEN_UP_SHORT = {"amd-epyc-zen4c-avx512": "auto 1.085x the best fixed mode over 75 cuts"}
 
 
-@pytest.mark.parametrize("table", [
-    pytest.param(t, id=t.stem, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_TAKEN_UP_SHORT[t.stem])]
-                 if t.stem in KNOWN_TAKEN_UP_SHORT else []) for t in TABLES])
+@pytest.mark.parametrize("table", [pytest.param(t, id=t.stem, marks=known(KNOWN_TAKEN_UP_SHORT.get(t.stem)))
+                                   for t in TABLES])
 def test_answers_taken_up_inside_a_copy_are_drafted_as_the_long_copies_they_are(table):
     cost = load_cost_table(table)
     copies, few = [], []
