@@ -14,8 +14,8 @@
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass
-from typing import ClassVar, Protocol, Sequence, Union
+from dataclasses import dataclass, replace
+from typing import Callable, ClassVar, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -69,6 +69,19 @@ class Draft:
             out.append((state, min(length, left)))
             left -= length
         return out
+
+    def until_end(self, is_eog: Callable[[int], bool]) -> "Draft":
+        """This draft up to its first end-of-generation token, not including it: rows past that token
+        can never be part of the answer (a copy that runs into the chat template's end-of-turn, a draft
+        model that ends its answer), and the token itself is what the target's row for the token before
+        it yields anyway, so drafting it only adds a row."""
+        for i, tok in enumerate(self.tokens):
+            if is_eog(tok):
+                if i == 0:
+                    return EMPTY
+                return replace(self, tokens=self.tokens[:i], probs=self.probs[:i] if self.probs else self.probs,
+                               confidence=self.confidence[:i] if self.confidence else self.confidence)
+        return self
 
     @property
     def prior(self) -> float | None:
@@ -605,6 +618,8 @@ class ModelDrafter:
                     probs.append(self._over_target(q))
             tokens.append(tok)
             history.append(tok)
+            if m.is_eog(tok):
+                break  # its answer ends here: nothing after it can be accepted
             if i + 1 < max_len:
                 row = self._masked(m.decode([tok], [0])[0])
         if self.token_map is not None:

@@ -4,7 +4,10 @@ A greedy answer is fixed by the target whatever drafts it (up to near-ties, see 
 *Exactness*), so a recording of one — the prompt's tokens and the answer's — and a machine's
 measured costs t(k, depth) say what any policy would have done on that machine: each round's
 draft is checked against the recording, and each verify batch of k rows costs t(k, depth) at the
-depth it ran (sizes the table lacks filled in as CPU kernels run them: `charged`). The policies:
+depth it ran (sizes the table lacks filled in as CPU kernels run them: `charged`). Every policy
+knows what it knows live: the generation budget, not where the answer ends (drafts that run past an
+answer that stops early are paid for), and the model's end tokens (a draft that copies one from the
+prompt ends the answer there). The policies:
 
 - "auto": edgespec's own decoder (speculative.py) with the copy-following n-gram drafter and the
   controller as they are, over a target that answers from the recording;
@@ -53,21 +56,38 @@ class Recording:
     category: str
     prompt: tuple[int, ...]
     answer: tuple[int, ...]
+    # The model's end-of-generation tokens: a draft that copies one from the prompt (the chat
+    # template's end-of-turn after a quoted block) ends the answer there, as it does live.
+    eog: tuple[int, ...] = ()
+    # The generation budget the answer was recorded under (None: not recorded, read as the answer's
+    # own length). Live, no policy knows where an answer ends: drafts are cut by the budget left, and
+    # rows drafted past the end of an answer that stops early are paid for (README, *The replay harness*).
+    max_tokens: int | None = None
 
     @classmethod
     def from_json(cls, data: dict) -> "Recording":
-        return cls(str(data["id"]), str(data.get("category", "")), tuple(data["prompt"]), tuple(data["answer"]))
+        budget = data.get("max_tokens")
+        return cls(str(data["id"]), str(data.get("category", "")), tuple(data["prompt"]), tuple(data["answer"]),
+                   tuple(data.get("eog", ())), None if budget is None else int(budget))
 
     @classmethod
     def load(cls, path: str | Path) -> "Recording":
         return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
 
+    @property
+    def budget(self) -> int:
+        """Tokens the answer may take: the recorded budget, else the answer and its end."""
+        return len(self.answer) + 1 if self.max_tokens is None else max(self.max_tokens, len(self.answer))
+
     def dense(self) -> tuple[list[int], list[int]]:
-        """Prompt and answer renumbered 1..V (the fake target's logits stay small), EOS appended."""
+        """Prompt and answer renumbered 1..V (the fake target's logits stay small), EOS appended;
+        the model's end-of-generation tokens are EOS wherever they appear."""
+        eog = set(self.eog)
         ids: dict[int, int] = {}
         for t in (*self.prompt, *self.answer):
-            ids.setdefault(t, len(ids) + 1)
-        return [ids[t] for t in self.prompt], [ids[t] for t in self.answer] + [EOS]
+            if t not in eog:
+                ids.setdefault(t, len(ids) + 1)
+        return [EOS if t in eog else ids[t] for t in self.prompt], [ids[t] for t in self.answer] + [EOS]
 
     def taken_up(self, every: int, *, left: int = MIN_LEFT) -> list["Recording"]:
         """The answer taken up again from every `every`-th token on, the tokens before moved into the
@@ -75,7 +95,8 @@ class Recording:
         half-written file does. Starts that leave fewer than `left` tokens to generate are skipped."""
         if every < 1:
             raise ValueError(f"every must be at least 1, not {every}")
-        return [replace(self, id=f"{self.id}@{s}", prompt=self.prompt + self.answer[:s], answer=self.answer[s:])
+        return [replace(self, id=f"{self.id}@{s}", prompt=self.prompt + self.answer[:s], answer=self.answer[s:],
+                        max_tokens=None if self.max_tokens is None else self.max_tokens - s)
                 for s in range(every, len(self.answer) - left + 1, every)]
 
 
@@ -110,11 +131,11 @@ class Replayed:
 class RecordedTarget:
     """The `Model` protocol over a recording: each row's argmax is the recorded next token."""
 
-    def __init__(self, prompt: Sequence[int], truth: Sequence[int], vocab: int):
+    def __init__(self, prompt: Sequence[int], truth: Sequence[int], vocab: int, budget: int | None = None):
         self.prompt_len = len(prompt)
         self.truth = list(truth)  # the answer, then EOS
         self.n_vocab = vocab
-        self.n_ctx = len(prompt) + len(truth) + 64
+        self.n_ctx = len(prompt) + max(len(truth), budget or 0) + 64
         self.tokens: list[int] = []
         self.passes: list[tuple[int, int]] = []  # (rows, depth) of each pass after the prefill
 
@@ -152,8 +173,9 @@ class TimedTarget(RecordedTarget):
     (`charge`, at the pass's depth), times a seeded log-normal noise of `noise` (a run's passes
     are never the profile's to the millisecond)."""
 
-    def __init__(self, prompt, truth, vocab, *, clock: ScriptedClock, charge: CostModel, noise: float, seed: int):
-        super().__init__(prompt, truth, vocab)
+    def __init__(self, prompt, truth, vocab, budget=None, *, clock: ScriptedClock, charge: CostModel, noise: float,
+                 seed: int):
+        super().__init__(prompt, truth, vocab, budget)
         self.clock, self.charge, self.noise = clock, charge, noise
         self.rng = np.random.default_rng(seed)
 
@@ -219,15 +241,15 @@ def charged(cost: CostModel, up_to: int = 80, *, tiles: bool = True) -> CostMode
 def _decode_auto(rec: Recording, profile: CostModel, target_of: Callable[..., RecordedTarget], *, spec: SpecConfig,
                  learn_timing: bool, clock: ScriptedClock) -> tuple[RecordedTarget, list]:
     """edgespec's decoder (--spec auto, no draft model) on this recording, choosing from `profile`;
-    the target is target_of(prompt, truth, vocab). Returns the target (its passes) and the rounds."""
+    the target is target_of(prompt, truth, vocab, budget). Returns the target (its passes) and the rounds."""
     prompt, truth = rec.dense()
-    target = target_of(prompt, truth, max([*prompt, *truth]) + 1)
+    target = target_of(prompt, truth, max([*prompt, *truth]) + 1, rec.budget)
     k_max = DraftLimits.of(spec, profile).draft_max
     ctl = Controller(CostModel.from_json(profile.to_json()), k_min=spec.draft_min, k_max=k_max, allow_off=True,
                      learn_timing=learn_timing)
     dec = SpeculativeDecoder(target, SamplingConfig(), ctl, SpecSettings(mode="auto", draft_max=k_max),
                              ngram=NgramDrafter(spec.ngram_min, spec.ngram_max), clock=clock)
-    out = [e.token for e in dec.generate(prompt, len(truth))]
+    out = [e.token for e in dec.generate(prompt, rec.budget)]
     assert out == truth[: len(out)] and len(out) == len(truth) - 1, "the replayed answer is the recording"
     return target, dec.stats.rounds
 
@@ -253,8 +275,8 @@ def replay_live(rec: Recording, profile: CostModel, machine: CostModel, *, noise
     checks and corrects the profile as it does in a real run."""
     clock, charge = ScriptedClock(), charge or charged(machine)
 
-    def timed(prompt, truth, vocab):
-        return TimedTarget(prompt, truth, vocab, clock=clock, charge=charge, noise=noise, seed=seed)
+    def timed(prompt, truth, vocab, budget):
+        return TimedTarget(prompt, truth, vocab, budget, clock=clock, charge=charge, noise=noise, seed=seed)
 
     target, rounds = _decode_auto(rec, profile, timed, spec=spec, learn_timing=True, clock=clock)
     return _outcome("auto-live", target, rounds, charge)
@@ -353,20 +375,23 @@ class Plain:
 
 
 def replay_fixed(name: str, drafter, rec: Recording, cost: CostModel) -> Replayed:
-    """llama-speculative-simple's loop: draft what the drafter gives (cut to the answer's remaining
-    budget), verify [last, draft...] in one batch, keep the matching prefix and the target's token."""
+    """llama-speculative-simple's loop: draft what the drafter gives, cut to the budget left as the tool
+    cuts it (n_predict - produced - 1, with n_predict = max_tokens - 1 as scripts/compare_llamacpp runs
+    it), verify [last, draft...] in one batch, keep the matching prefix and the target's token. Rows
+    drafted past the answer's end are paid for; a drafted end token ends the answer (not counted kept)."""
     prompt, truth = rec.dense()
+    answer = len(truth) - 1
     ctx = list(prompt)
     drafter.begin(ctx[:-1])
     emitted = drafted = accepted = 0
     passes = []
     while True:
-        draft = drafter.draft(ctx)[: len(truth) - emitted - 1]
+        draft = drafter.draft(ctx)[: max(rec.budget - 2 - emitted, 0)]
         passes.append((len(draft) + 1, len(ctx) - 1))
         n = common_prefix_len(draft, truth[emitted:])
         drafted += len(draft)
         drafter.accept(n)
-        accepted += n
+        accepted += min(n, answer - emitted)
         new = truth[emitted:emitted + n + 1]
         if new[-1] == EOS:
             emitted += len(new) - 1

@@ -333,7 +333,7 @@ class SpeculativeDecoder:
         depth = self._base  # tokens in the KV cache before this round's rows
         candidate = EMPTY
         if self.ngram is not None and mode.uses_ngram:
-            proposal = self.ngram.propose(ctx, min(k_cap, c.k_max))
+            proposal = self.ngram.propose(ctx, min(k_cap, c.k_max)).until_end(self.target.is_eog)
             if proposal.tokens:
                 choice = c.choose(proposal.key, 0.0, len(proposal.tokens), prior=proposal.prior,
                                   confidence=proposal.confidence, load=load, depth=depth, path=proposal.path,
@@ -353,7 +353,7 @@ class SpeculativeDecoder:
         else:
             self._probe_gap = self.settings.probe_every
             self._rounds_off = 0
-        return self.drafter.propose(ctx, k) if k > 0 else EMPTY
+        return self.drafter.propose(ctx, k).until_end(self.target.is_eog) if k > 0 else EMPTY
 
     # A probe is a bet of a few drafted tokens, but a draft model that has not seen the context must
     # first decode all of it (after a long prompt that costs more than the probe could win back, on

@@ -50,6 +50,7 @@ def main() -> None:
     spec = SpecConfig(mode="auto")
     resolved = session.resolve(LoadConfig(target=target.name, draft=None, threads=a.threads), spec, kernels="fast")
     engine = session.open_engine(resolved, spec, exact=False)
+    eog = [t for t in range(engine.target.n_vocab) if engine.target.is_eog(t)]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for pid in ids:
@@ -58,13 +59,16 @@ def main() -> None:
         tokens = engine.chat_tokens(messages)
         dec = engine.decoder(SamplingConfig())
         final = None
-        for item in engine.stream(tokens, max_tokens=p.max_tokens or 256, decoder=dec):
+        budget = p.max_tokens or 256
+        for item in engine.stream(tokens, max_tokens=budget, decoder=dec):
             if isinstance(item, Final):
                 final = item
         answer = list(final.tokens)
         record = {"id": p.id, "category": p.category, "model": resolved.target_path.name,
                   "recorded_with": "edgespec --spec auto (n-gram only), default kernels, greedy",
                   "finish": final.finish_reason if final else None,
+                  # the budget and the end tokens: what every policy knows live (edgespec.replay.Recording)
+                  "max_tokens": budget, "eog": eog,
                   "prompt": tokens, "answer": answer}
         (out / f"{p.id}.json").write_text(json.dumps(record) + "\n")
         print(f"{p.id}: {len(tokens)} prompt tokens, {len(answer)} answer tokens ({record['finish']})", flush=True)

@@ -325,6 +325,7 @@ class LlamaModel:
         self._create_context(lc)
         self._seqs = [KVSeq(self, i) for i in range(params.n_seq)]
         self._piece_cache: dict[int, bytes] = {}
+        self._eog_cache: dict[int, bool] = {}
 
     # ---- loading -------------------------------------------------------------------------
     def _load_model(self, lc) -> None:
@@ -451,7 +452,11 @@ class LlamaModel:
         return raw.decode("utf-8", errors="replace") if raw else ""
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._lc.llama_vocab_is_eog(self._vocab, token))
+        # asked of every drafted token: remembered, not a foreign call each time
+        eog = self._eog_cache.get(token)
+        if eog is None:
+            eog = self._eog_cache[token] = bool(self._lc.llama_vocab_is_eog(self._vocab, token))
+        return eog
 
     def chat_template(self) -> str | None:
         raw = self._lc.llama_model_chat_template(self._model, None)

@@ -338,3 +338,35 @@ def test_common_prefix_len_is_the_first_difference(a, b):
     assert common_prefix_len(a, b) == n == common_prefix_len(b, a)
     assert common_prefix_len(tuple(a), b) == n  # any sequences: a cache's tuple against a list
     assert common_prefix_len(np.array(a, dtype=np.int32), b) == n
+
+
+# ---- a draft stops at the end of the answer ------------------------------------------------------
+def test_a_draft_ends_before_its_first_end_token():
+    from edgespec.drafters import EMPTY, Draft
+
+    eog = {0, 9}.__contains__
+    d = Draft((5, 6, 9, 7, 0), "ngram", NgramState("copy", 16), confidence=(1.0, 0.5, 1.0, 1.0, 1.0))
+    cut = d.until_end(eog)
+    assert cut.tokens == (5, 6) and cut.confidence == (1.0, 0.5) and cut.key == d.key
+    probs = tuple(np.full(3, 1 / 3) for _ in range(3))
+    m = Draft((4, 0, 4), "draft", "draft", probs)
+    assert m.until_end(eog).tokens == (4,) and len(m.until_end(eog).probs) == 1
+    assert d.until_end(lambda t: False) is d  # no end token: the same draft
+    assert Draft((9, 5), "ngram", "ngram").until_end(eog) is EMPTY  # the answer ends next: nothing to draft
+
+
+def test_the_draft_model_stops_drafting_at_its_own_end_token():
+    """Tokens after an end token the draft model proposes could never be accepted: it decodes none."""
+    from edgespec.speculative import ModelDrafter
+
+    from .fakes import EOS
+
+    def lm(ctx):
+        out = np.full(8, -1e9)
+        out[EOS if len(ctx) == 6 else (ctx[-1] + 1) % 8 or 1] = 1e9
+        return out
+
+    model = FakeModel(lm)
+    draft = ModelDrafter(model, SamplingConfig(temperature=0.0)).propose([1, 2, 3], 8)
+    assert draft.tokens[-1] == EOS and len(draft.tokens) == 4  # 4, 5, 6, then the end
+    assert sum(model.decode_calls) == 3 + 3  # the context, then one decode per drafted token before the end
