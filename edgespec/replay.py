@@ -89,6 +89,11 @@ class Recording:
                 ids.setdefault(t, len(ids) + 1)
         return [EOS if t in eog else ids[t] for t in self.prompt], [ids[t] for t in self.answer] + [EOS]
 
+    def cut(self, n: int) -> "Recording":
+        """The answer as a generation with a budget of n tokens has it: its first n, the budget n
+        (an answer cut there fills it; one that stopped before keeps its own)."""
+        return replace(self, answer=self.answer[:n], max_tokens=min(n, self.budget))
+
     def taken_up(self, every: int, *, left: int = MIN_LEFT) -> list["Recording"]:
         """The answer taken up again from every `every`-th token on, the tokens before moved into the
         prompt (named id@start): prompts that end inside the answer, as a "continue" or an editor's

@@ -65,6 +65,9 @@ def test_a_recording_carries_its_budget_and_keeps_it_when_taken_up():
     rec = Recording.from_json(data)
     assert (rec.max_tokens, rec.eog, rec.budget) == (160, (7,), 160)
     assert [r.max_tokens for r in rec.taken_up(20)] == [140, 120]
+    # cut as `-n 64` generates it: the budget is 64 too, and an answer that stopped before keeps its own
+    assert (len(rec.cut(64).answer), rec.cut(64).budget) == (64, 64)
+    assert rec.cut(300) == rec
     # without one, the answer's own length and its end (what an older recording tells)
     old = Recording.from_json({k: v for k, v in data.items() if k not in ("max_tokens", "eog")})
     assert (old.max_tokens, old.eog, old.budget) == (None, (), 101)
