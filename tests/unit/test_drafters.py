@@ -8,11 +8,12 @@ from hypothesis import given, strategies as st
 
 from edgespec.controller import Controller
 from edgespec.costs import CostModel
-from edgespec.drafters import PRIORS, Fork, NgramDrafter, NgramState, RunHistory, common_prefix_len, copy_path, run_bucket
+from edgespec.drafters import (EMPTY, PRIORS, Draft, Fork, ModelDrafter, NgramDrafter, NgramState, RunHistory,
+                               common_prefix_len, copy_path, run_bucket)
 from edgespec.sampling import SamplingConfig
 from edgespec.speculative import SpecSettings, SpeculativeDecoder
 
-from .fakes import FakeModel
+from .fakes import EOS, FakeModel
 
 
 def follow(drafter: NgramDrafter, prompt: list[int], output: list[int], k: int = 64):
@@ -342,8 +343,6 @@ def test_common_prefix_len_is_the_first_difference(a, b):
 
 # ---- a draft stops at the end of the answer ------------------------------------------------------
 def test_a_draft_ends_before_its_first_end_token():
-    from edgespec.drafters import EMPTY, Draft
-
     eog = {0, 9}.__contains__
     d = Draft((5, 6, 9, 7, 0), "ngram", NgramState("copy", 16), confidence=(1.0, 0.5, 1.0, 1.0, 1.0))
     cut = d.until_end(eog)
@@ -357,9 +356,6 @@ def test_a_draft_ends_before_its_first_end_token():
 
 def test_the_draft_model_stops_drafting_at_its_own_end_token():
     """Tokens after an end token the draft model proposes could never be accepted: it decodes none."""
-    from edgespec.speculative import ModelDrafter
-
-    from .fakes import EOS
 
     def lm(ctx):
         out = np.full(8, -1e9)

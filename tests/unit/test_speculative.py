@@ -86,11 +86,13 @@ def eos_at(position, base):
 def test_eos_inside_an_accepted_draft_ends_output_exactly_there():
     base = no_eos(LM)
     lm = eos_at(len(PROMPT) + 6, base)
-    dec, target, drafter = make(lm, lm, k_max=8)  # identity: EOS is drafted and accepted mid-batch
+    dec, target, drafter = make(lm, lm, k_max=8)  # identity: the draft model proposes EOS in the end
     out = run(dec, PROMPT, 50)
     assert out == plain_greedy(lm, PROMPT, 50)
     assert len(out) == 6
     assert dec.stats.finish_reason == "stop"
+    # a proposal of EOS alone is no draft: the target's own row yields it
+    assert dec.stats.rounds[-1].drafted == 0 and target.decode_calls[-1] == 1
     ctx = PROMPT + out
     for m in (target, drafter.model):
         assert m.tokens == ctx[: len(m.tokens)]
