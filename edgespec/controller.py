@@ -37,6 +37,15 @@ HISTORY_MIN_RUNS = 2
 # shadow rounds, and short bets expected to gain a few percent on it lost more often than not where
 # small batches are cheap (replay harness; the margins compared are in README, *The replay harness*).
 DRAFT_MARGIN = 0.04
+# A copy's draft may risk at most RISK_BASE + RISK_PER_RUN x (its run so far) target passes: what it
+# costs beyond the single pass it replaces if its first token is wrong. The states' rates are averages
+# over answers whose long copies mostly went on for hundreds of tokens; an answer that quotes one
+# sentence of a long document holds the same 19-token run and then breaks, and a 64-row bet on it lost
+# more than a tenth of the answer's time where wide batches are dear. A run earns its bets as it
+# grows (Lindy: a copy that held r tokens has about even odds of holding r more). The two constants
+# were compared in the replay harness over ten machines' costs (README, *The replay harness*).
+RISK_BASE = 4.0
+RISK_PER_RUN = 0.6
 # A draft expected to gain less than this is a close call: a shape error could have made it, so it
 # gives way to a single pass when live timing needs one (timing.SHAPE_ANCHOR).
 ANCHOR_GAIN = 1.3
@@ -276,7 +285,8 @@ class Controller:
         `history`: the copy's run and how this context's earlier runs ended; the chance the draft
         holds to its i-th token is (runs that held run + i + HISTORY_WEIGHT x the path's chance) /
         (runs that held run + HISTORY_WEIGHT), over the earlier runs that held as long as this one,
-        once there are HISTORY_MIN_RUNS of them.
+        once there are HISTORY_MIN_RUNS of them. With a history (a copy), a draft whose rows would
+        add more than RISK_BASE + RISK_PER_RUN x history.run passes is not considered.
 
         With `load` (the other sequences of the batch), the throughput judged is the whole batch's:
         (load.tokens + E(K)) / (load.draft_cost + K c + cost of the batch with K + 1 more rows),
@@ -293,10 +303,11 @@ class Controller:
         with_prompts = (*load.prompt_rows, *load.seq_rows)
         plain = batch_cost(self.cost, (*with_prompts, 1), depth, load.streams)
 
+        def added(k: int) -> float:  # what a k-token draft's rows add to this pass
+            return batch_cost(self.cost, (*with_prompts, k + 1), depth, load.streams) - plain
+
         def rate(tokens: float, k: int) -> float:
-            # what the draft's rows add to this pass
-            added = batch_cost(self.cost, (*with_prompts, k + 1), depth, load.streams) - plain
-            return (others + tokens) / (decoding + k * draft_cost + added) / base
+            return (others + tokens) / (decoding + k * draft_cost + added(k)) / base
 
         best = Choice(0, 1.0)
         # A forced mode with a short proposal still uses what it has.
@@ -322,6 +333,9 @@ class Controller:
         if guessed:
             # stopping right before a guess is often the best choice: always consider it
             ks = sorted(set(ks) | {i for i, c in enumerate(confidence[:hi]) if c < 1.0 and lo <= i})
+        if history is not None:
+            allowed = RISK_BASE + RISK_PER_RUN * history.run
+            ks = [k for k in ks if k * draft_cost + added(k) <= allowed] or ([] if self.allow_off else ks[:1])
         for k in ks:
             tokens = expected_tokens(alpha, k) if gain is None else gain[k]
             s = rate(tokens, k) if k > 0 else 1.0

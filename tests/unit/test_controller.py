@@ -170,3 +170,29 @@ def test_a_copy_is_judged_by_how_long_this_answers_earlier_copies_held():
     # from two on, each weighs as one of the answer's runs against HISTORY_WEIGHT for the path's chance
     two = choice(RunHistory(run=8, ended=(12, 12)))
     assert short.expected_tokens < two.expected_tokens < fresh.expected_tokens and HISTORY_WEIGHT > 2
+
+
+def test_a_copy_bets_no_more_than_its_run_has_earned():
+    from edgespec.controller import RISK_BASE, RISK_PER_RUN
+    from edgespec.drafters import RunHistory, copy_path
+
+    # a machine where wide batches are dear and a 64-row batch happens to cost less than a 48-row one
+    # (one of the Zen 4 tables at depth 2,048)
+    dear = CostModel(verify={2: 1.81, 4: 3.17, 8: 7.03, 16: 8.54, 24: 13.51, 32: 16.7, 48: 23.66, 64: 21.64})
+
+    def choice(run, key=None):
+        ctl = Controller(dear, k_max=63, learn_timing=False)
+        path = copy_path("copy", run, 63)
+        state = path[0][0]
+        if key is not None:
+            return ctl.choose(key, 0.0, 63, prior=0.99)
+        return ctl.choose(state, 0.0, 63, prior=state.prior, path=path, history=RunHistory(run=run))
+
+    # a quote 19 tokens in: the states' rates alone would bet 63 (expected ~30 tokens for ~22 passes)
+    quote = choice(19)
+    risk = dear.v(quote.k + 1) - 1
+    assert 0 < quote.k < 63 and risk <= RISK_BASE + RISK_PER_RUN * 19
+    # a copy that has held 64 tokens has earned the wide bet
+    assert choice(64).k == 63
+    # the limit is a copy's: a drafter without a run (the draft model) is judged on its rates alone
+    assert choice(19, key="draft").k == 63
