@@ -117,6 +117,9 @@ class History(Protocol):
 
     run: int
 
+    @property
+    def earned(self) -> int: ...  # the copy's verified length: this run and the long copy it resumes
+
     def reaching(self, length: int) -> int: ...  # earlier runs that held at least `length` tokens
 
 
@@ -334,7 +337,7 @@ class Controller:
             # stopping right before a guess is often the best choice: always consider it
             ks = sorted(set(ks) | {i for i, c in enumerate(confidence[:hi]) if c < 1.0 and lo <= i})
         if history is not None:
-            allowed = RISK_BASE + RISK_PER_RUN * history.run
+            allowed = RISK_BASE + RISK_PER_RUN * history.earned
             ks = [k for k in ks if k * draft_cost + added(k) <= allowed] or ([] if self.allow_off else ks[:1])
         for k in ks:
             tokens = expected_tokens(alpha, k) if gain is None else gain[k]

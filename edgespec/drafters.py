@@ -102,6 +102,12 @@ class RunHistory:
 
     run: int
     ended: tuple[int, ...] = ()
+    resumes: int = 0  # the long copy this run picks up again after an edit: its length (0: none)
+
+    @property
+    def earned(self) -> int:
+        """The copy's verified length: this run, and the long copy it resumes (controller.RISK_PER_RUN)."""
+        return self.run + self.resumes
 
     def reaching(self, length: int) -> int:
         """How many of the ended runs held at least `length` tokens."""
@@ -516,14 +522,15 @@ class NgramDrafter:
         else:
             kind = self.origin
         path = copy_path(kind, self.run, len(tokens))
-        return _ngram(tokens, confidence, path[0][0] if path else NgramState(kind, 1), path, self.history())
+        resumes = self.prev_run if self.origin == "copy" and self.prev_run >= LONG_RUN else 0
+        return _ngram(tokens, confidence, path[0][0] if path else NgramState(kind, 1), path, self.history(resumes))
 
-    def history(self) -> RunHistory:
+    def history(self, resumes: int = 0) -> RunHistory:
         """The current run against the ended runs that were once as short (RunHistory)."""
         if all(start <= self.run for start in self._ended_from):
-            return RunHistory(self.run, tuple(self.ended))
+            return RunHistory(self.run, tuple(self.ended), resumes)
         return RunHistory(self.run, tuple(sorted(
-            end for start, ends in self._ended_from.items() if start <= self.run for end in ends)))
+            end for start, ends in self._ended_from.items() if start <= self.run for end in ends)), resumes)
 
 
 def copy_path(kind: str, run: int, n: int) -> tuple[tuple[NgramState, int], ...]:

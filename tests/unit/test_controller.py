@@ -194,5 +194,16 @@ def test_a_copy_bets_no_more_than_its_run_has_earned():
     assert 0 < quote.k < 63 and risk <= RISK_BASE + RISK_PER_RUN * 19
     # a copy that has held 64 tokens has earned the wide bet
     assert choice(64).k == 63
+    # and so has a long copy picked up again after an edit (a typo fixed), from its first token on,
+    # where this answer's resumed copies have held (their states learnt at 0.97)
+    path = copy_path("resume", 1, 63)
+    learnt = {state: 0.97 for state, _ in path}
+
+    def picked_up(history):
+        ctl = Controller(dear, k_max=63, learn_timing=False, priors=learnt)
+        return ctl.choose(path[0][0], 0.0, 63, prior=0.97, path=path, history=history)
+
+    resumed, fresh = picked_up(RunHistory(run=1, resumes=64)), picked_up(RunHistory(run=1))
+    assert resumed.k > fresh.k and dear.v(fresh.k + 1) - 1 <= RISK_BASE + RISK_PER_RUN < dear.v(resumed.k + 1) - 1
     # the limit is a copy's: a drafter without a run (the draft model) is judged on its rates alone
     assert choice(19, key="draft").k == 63

@@ -115,6 +115,10 @@ def test_after_a_substitution_the_copy_resumes_at_once():
     # and once 121 arrives the copy is found again near where it was: a resumed long copy
     assert props[22].tokens[:5] == tuple(SOURCE[22:27])
     assert props[22].key.kind == "resume"
+    # it carries the 20 tokens the copy held before the edit: what it has earned (controller.RISK_PER_RUN)
+    resumed = props[22].history
+    assert resumed.resumes == 20 and resumed.earned == resumed.run + 20
+    assert props[19].history.resumes == 0  # the first run resumes nothing
 
 
 def test_a_match_found_again_near_a_chance_match_that_broke_is_still_a_guess():
