@@ -37,13 +37,13 @@ HISTORY_MIN_RUNS = 2
 # shadow rounds, and short bets expected to gain a few percent on it lost more often than not where
 # small batches are cheap (replay harness; the margins compared are in README, *The replay harness*).
 DRAFT_MARGIN = 0.04
-# A copy's draft may risk at most RISK_BASE + RISK_PER_RUN x (its run so far) target passes: what it
-# costs beyond the single pass it replaces if its first token is wrong. The states' rates are averages
-# over answers whose long copies mostly went on for hundreds of tokens; an answer that quotes one
-# sentence of a long document holds the same 19-token run and then breaks, and a 64-row bet on it lost
-# more than a tenth of the answer's time where wide batches are dear. A run earns its bets as it
-# grows (Lindy: a copy that held r tokens has about even odds of holding r more). The two constants
-# were compared in the replay harness over ten machines' costs (README, *The replay harness*).
+# A copy's draft may risk at most RISK_BASE + RISK_PER_RUN x (its run so far, History.earned) target
+# passes: what it costs beyond the single pass it replaces if its first token is wrong. The states'
+# rates are averages over answers whose long copies mostly went on for hundreds of tokens; an answer
+# that quotes one sentence of a long document holds the same run for a sentence and then breaks, and
+# a 64-row bet on it is a loss plain decoding never makes up where wide batches are dear. A run earns
+# its bets as it grows (the longer a copy has held, the longer it tends to go on). The constants were
+# compared in the replay harness over ten machines' costs (README, *A bet earned by the run*).
 RISK_BASE = 4.0
 RISK_PER_RUN = 0.6
 # A draft expected to gain less than this is a close call: a shape error could have made it, so it
@@ -289,7 +289,8 @@ class Controller:
         holds to its i-th token is (runs that held run + i + HISTORY_WEIGHT x the path's chance) /
         (runs that held run + HISTORY_WEIGHT), over the earlier runs that held as long as this one,
         once there are HISTORY_MIN_RUNS of them. With a history (a copy), a draft whose rows would
-        add more than RISK_BASE + RISK_PER_RUN x history.run passes is not considered.
+        add more than RISK_BASE + RISK_PER_RUN x history.earned passes (its run, and the long copy
+        it picks up again after an edit) is not considered.
 
         With `load` (the other sequences of the batch), the throughput judged is the whole batch's:
         (load.tokens + E(K)) / (load.draft_cost + K c + cost of the batch with K + 1 more rows),
