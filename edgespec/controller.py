@@ -307,8 +307,12 @@ class Controller:
         with_prompts = (*load.prompt_rows, *load.seq_rows)
         plain = batch_cost(self.cost, (*with_prompts, 1), depth, load.streams)
 
-        def added(k: int) -> float:  # what a k-token draft's rows add to this pass
-            return batch_cost(self.cost, (*with_prompts, k + 1), depth, load.streams) - plain
+        added_memo: dict[int, float] = {}
+
+        def added(k: int) -> float:  # what a k-token draft's rows add to this pass (each k costed once)
+            if k not in added_memo:
+                added_memo[k] = batch_cost(self.cost, (*with_prompts, k + 1), depth, load.streams) - plain
+            return added_memo[k]
 
         def rate(tokens: float, k: int) -> float:
             return (others + tokens) / (decoding + k * draft_cost + added(k)) / base
