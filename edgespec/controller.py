@@ -12,6 +12,7 @@ Pure: no llama_cpp, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import Protocol, Sequence, Union
 
 from .costs import CostModel
@@ -307,12 +308,9 @@ class Controller:
         with_prompts = (*load.prompt_rows, *load.seq_rows)
         plain = batch_cost(self.cost, (*with_prompts, 1), depth, load.streams)
 
-        added_memo: dict[int, float] = {}
-
-        def added(k: int) -> float:  # what a k-token draft's rows add to this pass (each k costed once)
-            if k not in added_memo:
-                added_memo[k] = batch_cost(self.cost, (*with_prompts, k + 1), depth, load.streams) - plain
-            return added_memo[k]
+        @cache  # the risk limit and the rate read the same figure: each k costed once a round
+        def added(k: int) -> float:  # what a k-token draft's rows add to this pass
+            return batch_cost(self.cost, (*with_prompts, k + 1), depth, load.streams) - plain
 
         def rate(tokens: float, k: int) -> float:
             return (others + tokens) / (decoding + k * draft_cost + added(k)) / base
