@@ -517,12 +517,10 @@ class NgramDrafter:
     def _copy_draft(self, max_len: int) -> Draft:
         start = self._after_queue if self._queue else self.pointer
         tokens, confidence = self.continuation(start, max_len, self._queue)
-        if self.origin == "copy" and self.prev_run >= LONG_RUN:
-            kind = "resume"  # the same long copy, picked up again after an edit
-        else:
-            kind = self.origin
-        path = copy_path(kind, self.run, len(tokens))
+        # the same long copy, picked up again after an edit: it carries that copy's length
         resumes = self.prev_run if self.origin == "copy" and self.prev_run >= LONG_RUN else 0
+        kind = "resume" if resumes else self.origin
+        path = copy_path(kind, self.run, len(tokens))
         return _ngram(tokens, confidence, path[0][0] if path else NgramState(kind, 1), path, self.history(resumes))
 
     def history(self, resumes: int = 0) -> RunHistory:
