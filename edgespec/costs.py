@@ -62,9 +62,14 @@ class DepthCosts:
 
     t1_ms: float
     verify: Mapping[int, float]
+    # t_ms's answers: a measured table never changes, and the controller reads the same sizes every round
+    _steps: dict[tuple[int, float], float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def t_ms(self, k: int, slope: float = PRIOR_VERIFY_SLOPE) -> float:
-        return self.t1_ms * staircase(self.verify, k, slope)
+        got = self._steps.get((k, slope))
+        if got is None:
+            got = self._steps[k, slope] = self.t1_ms * staircase(self.verify, k, slope)
+        return got
 
 
 @dataclass
@@ -89,6 +94,13 @@ class CostModel:
     # (README, *How it works*): checked against the fastest alone, a profile measured minutes
     # before was called stale (measure.typical_factor; 1.0: a profile saved before it was measured).
     typical: float = 1.0
+    # v(k) before live timing's correction, at the depth last asked (one round's candidate lengths are
+    # all costed at that round's depth, by each choice the round makes). Only for depth tables: they
+    # come from a profile and are never rewritten (live timing rewrites `verify` only without one).
+    _at_depth: int | None = field(default=None, init=False, repr=False, compare=False)
+    _at: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _around_at: tuple[int, int | None, int] = field(default=(0, None, 0), init=False, repr=False, compare=False)
+    _steps0: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)  # _table_ms at 0
 
     # ---- answers ------------------------------------------------------------------------------
     @property
@@ -101,8 +113,12 @@ class CostModel:
         if not self.depth_aware or depth <= 0:
             base = staircase(self.verify, k, self.slope)
         else:
-            around = self._around(depth)
-            base = self._t_ms(k, depth, around) / self._t_ms(1, depth, around)
+            if depth != self._at_depth:
+                self._at_depth, self._at, self._around_at = depth, {}, self._around(depth)
+            base = self._at.get(k)
+            if base is None:
+                around = self._around_at
+                base = self._at[k] = self._t_ms(k, depth, around) / self._t_ms(1, depth, around)
         return max(1.0, base * self.shape_factor(k))
 
     def shape_factor(self, k: int) -> float:
@@ -169,7 +185,10 @@ class CostModel:
     def _table_ms(self, depth: int, k: int) -> float:
         """t(k) in ms from the table measured at exactly this depth."""
         if depth == 0:
-            return (self.t1_ms or 0.0) * staircase(self.verify, k, self.slope)
+            got = self._steps0.get(k)
+            if got is None:
+                got = self._steps0[k] = (self.t1_ms or 0.0) * staircase(self.verify, k, self.slope)
+            return got
         return self.deeper[depth].t_ms(k, self.slope)
 
     # ---- storage ------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     # Mostly one holds all of the other (the context only grew since the last round): say so with
     # one comparison in C, not a Python loop over every token of a long document each round.
-    if n and list(a[:n]) == list(b[:n]):
+    if n and a[n - 1] == b[n - 1] and (a[:n] == b[:n] if type(a) is type(b) is list else list(a[:n]) == list(b[:n])):
         return n
     i = 0
     while i < n and a[i] == b[i]:

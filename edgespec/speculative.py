@@ -362,9 +362,10 @@ class SpeculativeDecoder:
 
     def _probe_k(self, ctx: list[int], k_cap: int) -> int:
         """While the draft model looks unprofitable, try it now and then (backing off) in case that changed."""
-        if not self.controller.could_pay(self.controller.cost.draft_cost, k_cap, depth=self._base):
-            return 0
+        # the cheap test first: after a long prompt the draft model is behind in every round
         if self.drafter.behind(ctx) > self.PROBE_CATCHUP_MAX:
+            return 0
+        if not self.controller.could_pay(self.controller.cost.draft_cost, k_cap, depth=self._base):
             return 0
         self._rounds_off += 1
         if self._rounds_off < self._probe_gap:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edgespec.controller import Controller
 from edgespec.costs import CostModel, staircase
@@ -109,3 +111,19 @@ def test_the_typical_factor_is_stored_and_scales_the_typical_pass_only():
 def test_a_damaged_typical_factor_reads_as_none(bad):
     data = {**CostModel.from_ms({0: {1: 30.0, 8: 90.0}}).to_json(), "typical": bad}
     assert CostModel.from_json(data).typical == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 80), st.integers(0, 5000), st.sampled_from([None, {}, {16: 1.25, 0: 1.1}])),
+                min_size=1, max_size=40))
+def test_answers_kept_for_the_round_are_those_computed_afresh(queries):
+    """The cost model keeps its answers at the depth last asked (each round asks many sizes at one
+    depth, twice or more): in any order of sizes, depths and live-shape changes, every answer is the
+    one a model that never answered before gives."""
+    kept = CostModel.from_json(DEEP.to_json())
+    for k, depth, shape in queries:
+        if shape is not None:
+            kept.live_shape = shape
+        fresh = replace(CostModel.from_json(DEEP.to_json()), live_shape=kept.live_shape)
+        assert kept.v(k, depth) == fresh.v(k, depth)
+        assert kept.t_ms(k, depth) == fresh.t_ms(k, depth)
