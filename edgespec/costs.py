@@ -100,7 +100,7 @@ class CostModel:
     _at_depth: int | None = field(default=None, init=False, repr=False, compare=False)
     _at: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _around_at: tuple[int, int | None, int] = field(default=(0, None, 0), init=False, repr=False, compare=False)
-    _steps0: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)  # _table_ms at 0
+    _table0: DepthCosts | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- answers ------------------------------------------------------------------------------
     @property
@@ -184,12 +184,11 @@ class CostModel:
 
     def _table_ms(self, depth: int, k: int) -> float:
         """t(k) in ms from the table measured at exactly this depth."""
-        if depth == 0:
-            got = self._steps0.get(k)
-            if got is None:
-                got = self._steps0[k] = (self.t1_ms or 0.0) * staircase(self.verify, k, self.slope)
-            return got
-        return self.deeper[depth].t_ms(k, self.slope)
+        if depth:
+            return self.deeper[depth].t_ms(k, self.slope)
+        if self._table0 is None:  # `verify` as a table of its own, for its kept steps
+            self._table0 = DepthCosts(self.t1_ms or 0.0, self.verify)
+        return self._table0.t_ms(k, self.slope)
 
     # ---- storage ------------------------------------------------------------------------------
     def to_json(self) -> dict:
