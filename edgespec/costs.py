@@ -97,6 +97,7 @@ class CostModel:
     # v(k) before live timing's correction, at the depth last asked (one round's candidate lengths are
     # all costed at that round's depth, by each choice the round makes). Only for depth tables: they
     # come from a profile and are never rewritten (live timing rewrites `verify` only without one).
+    # Not locked: one thread decodes (the server's too: scheduler's edgespec-generate thread).
     _at_depth: int | None = field(default=None, init=False, repr=False, compare=False)
     _at: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _around_at: tuple[int, int | None, int] = field(default=(0, None, 0), init=False, repr=False, compare=False)
