@@ -184,6 +184,8 @@ RUN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # A copy run this long is a long copy: its state is "copy" whatever found it, after an edit it is
 # resumed as the same copy, and it is trusted on its own record (NgramState.trusted).
 LONG_RUN = 16
+# An echo's longest run bucket: an echo that held LONG_RUN tokens is a copy (copy_path).
+ECHO_TOP = RUN_BUCKETS[3]
 # A copy found by an n-gram (n_max tokens at most) runs as far back as the output and its source
 # agree, counted up to the longest run bucket: a prompt that ends inside a copy (a "continue", an
 # editor's half-written file) is a long copy already, not a fresh 4-token find.
@@ -198,13 +200,18 @@ def run_bucket(run: int) -> int:
 # guess. A long verified run predicts a long accepted draft; a fresh 1-token match does not.
 # "copy": a run of LONG_RUN+ tokens, or one found next to where the last copy broke;
 # "resume": that, shorter than LONG_RUN, after a copy that had been long; "find": a match found
-# anywhere, shorter than LONG_RUN; "edit": just after a divergence, guessing it was a substitution.
-# The guesses are per-token acceptance measured on recorded greedy outputs of the built-in prompts
-# (see README), rounded down; the controller replaces them with what it sees within a few rounds.
+# anywhere in the prompt, shorter than LONG_RUN; "echo": the same found in this answer's own
+# output (a phrase or code idiom the answer repeats: a template, not a source it copies; on the
+# recorded answers such finds held about as well as prompt finds for a few tokens, worse from 8 on,
+# and none held to LONG_RUN — README, *Echoes*); "edit": just after a divergence, guessing it was
+# a substitution. The guesses are per-token acceptance measured on recorded greedy outputs of the
+# built-in prompts (see README), rounded down; the controller replaces them with what it sees
+# within a few rounds.
 PRIORS: dict[tuple[str, int | None], float] = {
     **{("copy", r): p for r, p in zip(RUN_BUCKETS, (0.7, 0.8, 0.85, 0.9, 0.96, 0.985, 0.99))},
     **{("resume", r): p for r, p in zip(RUN_BUCKETS[:4], (0.8, 0.85, 0.9, 0.93))},
     **{("find", r): p for r, p in zip(RUN_BUCKETS[:4], (0.2, 0.4, 0.7, 0.88))},
+    **{("echo", r): p for r, p in zip(RUN_BUCKETS[:4], (0.2, 0.25, 0.75, 0.75))},
     ("edit", None): 0.6,
 }
 
@@ -214,7 +221,7 @@ class NgramState:
     """Which state of the n-gram drafter a proposal came from: that, not the drafter as a whole,
     predicts how much of it the target accepts. Only the states in PRIORS exist."""
 
-    kind: str  # "copy" | "resume" | "find" | "edit"
+    kind: str  # "copy" | "resume" | "find" | "echo" | "edit"
     run: int | None = None  # the run bucket (RUN_BUCKETS); None for "edit"
     drafter: ClassVar[str] = "ngram"  # whose states pool together in the controller
 
@@ -268,7 +275,14 @@ class NgramDrafter:
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
+        self._answer_from: int | None = None  # where the current answer's output starts (start())
         self._reset()
+
+    def start(self, prompt_len: int) -> None:
+        """A generation begins after `prompt_len` tokens of context: a match found from there on is
+        the answer echoing itself ("echo"), one before it a source ("find"). Not called, the first
+        context the drafter sees after a reset is taken for the prompt."""
+        self._answer_from = prompt_len
 
     def _reset(self) -> None:
         self._ctx: list[int] = []
@@ -295,6 +309,8 @@ class NgramDrafter:
         if common_prefix_len(self._ctx, context) < len(self._ctx):
             self._reset()
         first = not self._ctx
+        if first and self._answer_from is None:
+            self._answer_from = len(context)
         start = len(self._ctx)
         self._ctx.extend(context[start:])
         for i in range(start, len(self._ctx)):
@@ -520,6 +536,8 @@ class NgramDrafter:
         # the same long copy, picked up again after an edit: it carries that copy's length
         resumes = self.prev_run if self.origin == "copy" and self.prev_run >= LONG_RUN else 0
         kind = "resume" if resumes else self.origin
+        if kind == "find" and self._answer_from is not None and self.pointer >= self._answer_from:
+            kind = "echo"
         path = copy_path(kind, self.run, len(tokens))
         return _ngram(tokens, confidence, path[0][0] if path else NgramState(kind, 1), path, self.history(resumes))
 
@@ -533,10 +551,15 @@ class NgramDrafter:
 
 def copy_path(kind: str, run: int, n: int) -> tuple[tuple[NgramState, int], ...]:
     """The states of a copy in state `kind` with `run` tokens held, over its next n tokens (the
-    i-th drafted token is drafted at run + i): "copy" from LONG_RUN on, run buckets as they grow."""
+    i-th drafted token is drafted at run + i): "copy" from LONG_RUN on, run buckets as they grow.
+    An echo is a copy once it has held LONG_RUN tokens, not before: its drafted tokens past that
+    stay at its own last bucket's rate (no recorded echo held that long)."""
     out: list[list] = []
     for r in range(run, run + n):
-        state = NgramState("copy" if r >= LONG_RUN else kind, run_bucket(r))
+        if kind == "echo" and run < LONG_RUN:
+            state = NgramState(kind, min(run_bucket(r), ECHO_TOP))
+        else:
+            state = NgramState("copy" if r >= LONG_RUN else kind, run_bucket(r))
         if out and out[-1][0] == state:
             out[-1][1] += 1
         else:

@@ -185,6 +185,8 @@ class SpeculativeDecoder:
             )
         self.stats = st = LoopStats(start=self.clock())
         self._ctx = list(prompt)
+        if self.ngram is not None:
+            self.ngram.start(len(self._ctx))  # what follows is this answer's own (drafters: "echo")
         self._max_tokens = max_tokens
         self._emitted = 0
         self._round_no = 0

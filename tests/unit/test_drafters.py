@@ -34,11 +34,11 @@ def test_run_buckets():
     assert [run_bucket(r) for r in (0, 1, 2, 3, 4, 7, 8, 15, 16, 63, 64, 500)] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 32, 64, 64]
 
 
-def test_the_states_are_the_sixteen_the_drafter_can_produce():
+def test_the_states_are_the_twenty_the_drafter_can_produce():
     states = [NgramState(kind, run) for kind, run in PRIORS]
-    assert len(states) == 16  # copy x 7 run buckets, resume and find below a long run x 4, edit
-    assert {s.kind for s in states} == {"copy", "resume", "find", "edit"}
-    for impossible in (("find", 16), ("resume", 32), ("copy", 3), ("edit", 1), ("draft", None)):
+    assert len(states) == 20  # copy x 7 run buckets, resume, find and echo below a long run x 4, edit
+    assert {s.kind for s in states} == {"copy", "resume", "find", "echo", "edit"}
+    for impossible in (("find", 16), ("echo", 16), ("resume", 32), ("copy", 3), ("edit", 1), ("draft", None)):
         with pytest.raises(ValueError):
             NgramState(*impossible)  # a 16-token find is a copy; 3 is no bucket; edit has no run
     assert {s for s in states if s.trusted} == {NgramState("copy", 16), NgramState("copy", 32), NgramState("copy", 64)}
@@ -101,6 +101,48 @@ def test_a_copy_draft_says_which_state_each_of_its_tokens_would_be_drafted_in():
     assert sum(n for _, n in last.path) == len(last.tokens)
     assert last.states(10) == [(NgramState("find", 8), 7), (NgramState("copy", 16), 3)]
     assert last.states(0) == []
+
+
+def test_a_match_in_the_answer_itself_is_an_echo_and_a_copy_only_once_it_has_held():
+    # the answer repeats a phrase of its own (a code idiom, a list item's format): not a source it
+    # copies. Found in the prompt, the same tokens are a find.
+    phrase = list(range(500, 540))
+    answer = [7, *phrase[:12], 8, 9, *phrase[:12]]
+    props = follow(NgramDrafter(), PROMPT, answer)
+    echo = props[-1]  # 11 tokens of the phrase repeated: run 11, found in the answer
+    assert echo.key == NgramState("echo", 8) and echo.tokens[:1] == (phrase[11],)
+    assert echo.prior == PRIORS[("echo", 8)] < PRIORS[("find", 8)]
+    found = follow(NgramDrafter(), [*PROMPT, *phrase], phrase[:12])[-1]
+    assert found.key == NgramState("find", 8) and found.tokens[:1] == (phrase[11],)
+    # its drafted tokens past LONG_RUN stay at the echo's rate: no recorded echo held that long
+    assert copy_path("echo", 11, 10) == ((NgramState("echo", 8), 10),)
+    assert copy_path("find", 11, 10) == ((NgramState("find", 8), 5), (NgramState("copy", 16), 5))
+    # held 16 tokens, an echo is a copy like any other (trusted on its own record)
+    long = follow(NgramDrafter(), PROMPT, [7, *phrase, 8, 9, *phrase[:20]])[-1]
+    assert long.key == NgramState("copy", 16) and long.key.trusted
+    # a chat's next turn: what the earlier turns hold is context, not this answer (start())
+    d = NgramDrafter()
+    follow(d, PROMPT, [7, *phrase[:12], 8])
+    turn = [*PROMPT, 7, *phrase[:12], 8, 30, 31]  # the first answer and a new user message
+    d.start(len(turn))
+    assert follow(d, turn, phrase[:12])[-1].key == NgramState("find", 8)
+
+
+def test_the_decoder_tells_the_drafter_where_each_answer_starts():
+    def lm(ctx):  # says the end at once: what matters is what the decoder told the drafter
+        out = np.full(8, -5.0, dtype=np.float32)
+        out[EOS] = 5.0
+        return out
+
+    ngram = NgramDrafter()
+    ctl = Controller(CostModel(verify={2: 1.4, 3: 1.5, 4: 1.6, 5: 1.9, 8: 2.8}), k_max=8, learn_timing=False)
+    dec = SpeculativeDecoder(FakeModel(lm), SamplingConfig(temperature=0.0), ctl, SpecSettings(mode="ngram"), ngram=ngram)
+    first = [1, 4, 5, 6, 4, 5]
+    list(dec.generate(first, 4))
+    assert ngram._answer_from == len(first)
+    later = [*first, EOS, 2, 3, 4, 5]  # the same context grown by the answer and a new user turn
+    list(dec.generate(later, 4))
+    assert ngram._answer_from == len(later)
 
 
 def test_after_a_substitution_the_copy_resumes_at_once():

