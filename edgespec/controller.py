@@ -263,7 +263,7 @@ class Controller:
     def capped_alpha(self, key: Key, prior: float | None = None) -> float:
         """The key's acceptance, capped at POOL_MARGIN above its drafter's pooled recent record.
 
-        States are many (16 for the n-gram drafter) and each learns only from its own rounds; one
+        States are many (20 for the n-gram drafter) and each learns only from its own rounds; one
         lucky round (a 12-token shadow that held) makes a weak state look strong for a while. In
         free text every such state's next draft is a loss; the pool, fed by every state, says the
         text is not copying. A trusted state (a verified copy run of 16+ tokens) has strong
