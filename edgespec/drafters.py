@@ -275,17 +275,18 @@ class NgramDrafter:
         if not 1 <= n_min <= n_max:
             raise ValueError("need 1 <= n_min <= n_max")
         self.n_min, self.n_max = n_min, n_max
-        self._answer_from: int | None = None  # where the current answer's output starts (start())
+        self._answer_at: int | None = None  # start()'s prompt length, taken up by the next proposal
         self._reset()
 
     def start(self, prompt_len: int) -> None:
         """A generation begins after `prompt_len` tokens of context: a match found from there on is
         the answer echoing itself ("echo"), one before it a source ("find"). Not called, the first
         context the drafter sees after a reset is taken for the prompt."""
-        self._answer_from = prompt_len
+        self._answer_at = prompt_len
 
     def _reset(self) -> None:
         self._ctx: list[int] = []
+        self._answer_from: int | None = None  # where the current answer's output starts
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(self.n_min, self.n_max + 1)}
         self.pointer: int | None = None
         self.run = 0
@@ -308,6 +309,8 @@ class NgramDrafter:
     def _update(self, context: Sequence[int]) -> None:
         if common_prefix_len(self._ctx, context) < len(self._ctx):
             self._reset()
+        if self._answer_at is not None:
+            self._answer_from, self._answer_at = self._answer_at, None
         first = not self._ctx
         if first and self._answer_from is None:
             self._answer_from = len(context)

@@ -126,6 +126,10 @@ def test_a_match_in_the_answer_itself_is_an_echo_and_a_copy_only_once_it_has_hel
     turn = [*PROMPT, 7, *phrase[:12], 8, 30, 31]  # the first answer and a new user message
     d.start(len(turn))
     assert follow(d, turn, phrase[:12])[-1].key == NgramState("find", 8)
+    # not told, a drafter takes the first context after a reset for the prompt, each time
+    d = NgramDrafter()
+    follow(d, PROMPT, [7, *phrase[:12], 8])
+    assert follow(d, [5, 6], [*phrase[:12], 8, *phrase[:12]])[-1].key == NgramState("echo", 8)
 
 
 def test_the_decoder_tells_the_drafter_where_each_answer_starts():
