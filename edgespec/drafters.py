@@ -184,8 +184,6 @@ RUN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # A copy run this long is a long copy: its state is "copy" whatever found it, after an edit it is
 # resumed as the same copy, and it is trusted on its own record (NgramState.trusted).
 LONG_RUN = 16
-# An echo's longest run bucket: an echo that held LONG_RUN tokens is a copy (copy_path).
-ECHO_TOP = RUN_BUCKETS[3]
 # A copy found by an n-gram (n_max tokens at most) runs as far back as the output and its source
 # agree, counted up to the longest run bucket: a prompt that ends inside a copy (a "continue", an
 # editor's half-written file) is a long copy already, not a fresh 4-token find.
@@ -194,6 +192,11 @@ AGREE_MAX = RUN_BUCKETS[-1]
 
 def run_bucket(run: int) -> int:
     return RUN_BUCKETS[max(0, bisect_left(RUN_BUCKETS, run + 1) - 1)] if run >= 1 else 1
+
+
+# An echo's longest run bucket, the last one under LONG_RUN: an echo that held LONG_RUN tokens is
+# a copy (copy_path).
+ECHO_TOP = run_bucket(LONG_RUN - 1)
 
 
 # The states NgramDrafter._copy_draft and propose() can produce, each with its starting acceptance
