@@ -8,7 +8,7 @@ from typing import Sequence
 
 from ..config import Mode
 from .prompts import BenchPrompt
-from .stats import (SPREAD_METRICS, Aggregate, Measure, Run, aggregate, measure, median_aggregate, rounded, speedup,
+from .stats import (SPREAD_METRICS, Aggregate, Measure, Run, aggregate, measure, median, median_aggregate, rounded, speedup,
                     speedup_overlaps_one)
 
 # The largest top-1 minus top-2 logit gap at which a divergence from plain decoding counts as a
@@ -125,8 +125,14 @@ class BenchResult:
                 if c is None:
                     continue
                 d = {k: rounded(v) for k, v in c.__dict__.items()}
-                d["speedup"] = rounded(speedup(c.tokens_per_s, base.tokens_per_s if base else None))
-                d["runs"] = [self._run_json(r) for r in self.runs if r.prompt_id == p.id and r.mode == m]
+                mine = [r for r in self.runs if r.prompt_id == p.id and r.mode == m]
+                # as for groups, a speedup is taken within one repeat: over repeats minutes apart the
+                # machine's speed moves under both modes alike, and a ratio of the two medians (runs of
+                # different repeats) carries that drift
+                paired = [x for x in map(self._paired_speedup, mine) if x is not None]
+                d["speedup"] = rounded(median(paired) if paired else
+                                       speedup(c.tokens_per_s, base.tokens_per_s if base else None))
+                d["runs"] = [self._run_json(r) for r in mine]
                 runs[m] = d
             prompt_tokens = next((r.stats.prompt_tokens for r in self.runs if r.prompt_id == p.id), None)
             per_prompt.append({"id": p.id, "category": p.category, "prompt_tokens": prompt_tokens, "modes": runs})
@@ -163,12 +169,16 @@ class BenchResult:
             out[m] = d
         return out
 
-    def _run_json(self, r: Run) -> dict:
+    def _paired_speedup(self, r: Run) -> float | None:
+        """The run's speedup over plain decoding of the same prompt in the same repeat (None without one)."""
         base = next((b for b in self.runs if b.prompt_id == r.prompt_id and b.mode == Mode.OFF and b.repeat == r.repeat), None)
+        return speedup(r.stats.tokens_per_s, base.stats.tokens_per_s if base else None)
+
+    def _run_json(self, r: Run) -> dict:
         s = r.stats
         return {
             "repeat": r.repeat, "tokens": s.tokens, "tokens_per_s": rounded(s.tokens_per_s),
-            "speedup": rounded(speedup(s.tokens_per_s, base.stats.tokens_per_s if base else None)),
+            "speedup": rounded(self._paired_speedup(r)),
             "ttft_ms": rounded(r.ttft_ms), "latency_p50_ms": rounded(s.latency_p50_ms),
             "latency_p95_ms": rounded(s.latency_p95_ms), "drafted": s.drafted, "accepted": s.accepted,
             "rounds": s.rounds, "profile_stale": r.profile_stale,

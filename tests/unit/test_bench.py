@@ -424,6 +424,7 @@ def test_spread_over_repeats_and_speedups_that_overlap_one():
     assert data["overall"]["draft"]["spread"]["speedup"] == [1.2, 1.4]
     assert [r["tokens_per_s"] for r in data["overall"]["draft"]["repeats"]] == [12, 13, 14]
     assert [r["speedup"] for r in data["prompts"][0]["modes"]["ngram"]["runs"]] == [0.95, 1.05, 1.0]  # every repeat
+    assert data["prompts"][0]["modes"]["ngram"]["speedup"] == 1.0  # their median
 
     from edgespec.render.bench import render_results
 
@@ -433,6 +434,20 @@ def test_spread_over_repeats_and_speedups_that_overlap_one():
     out = buf.getvalue()
     assert "1.00x (0.95–1.05) ≈1" in out and "1.30x (1.20–1.40)" in out and "≈1" not in out.split("draft", 1)[1].split("\n")[0]
     assert "13.0 ±1.0" in out
+
+
+def test_a_prompts_speedup_is_taken_within_each_repeat_not_across_a_drifting_machine():
+    # summ-raise's seven repeats on a Zen 4 machine whose speed fell by a fifth over ten minutes
+    # (2026-12-07; auto drafted nothing): the medians of the two modes come from different repeats
+    off = (29.3, 26.4, 27.2, 27.7, 23.6, 24.2, 23.7)
+    auto = (29.5, 25.4, 27.1, 22.6, 23.8, 21.8, 23.6)
+    res = BenchResult(modes=["off", "auto"], prompts=[BenchPrompt("a", "summ", "x")])
+    for rep, (o, a) in enumerate(zip(off, auto)):
+        res.runs += [run("a", "off", stats(tps=o), rep=rep), run("a", "auto", stats(tps=a), rep=rep)]
+    cell = json.loads(json.dumps(res.to_json()))["prompts"][0]["modes"]["auto"]
+    paired = sorted(a / o for o, a in zip(off, auto))
+    assert cell["speedup"] == pytest.approx(paired[3], abs=1e-4) and cell["speedup"] > 0.99
+    assert cell["tokens_per_s"] / res.cell("a", "off").tokens_per_s < 0.91  # the ratio of medians it replaced
 
 
 # ---- verify with fast kernels: divergences judged by the plain run's margin ------------------
