@@ -390,9 +390,9 @@ def test_a_phrase_the_answer_repeats_of_its_own_is_not_bet_on_as_a_copy():
 # The AVX-512 EPYC table is a reconstruction (its t(1) and v(64) from the brief, the rest of its shape from
 # an old test table) with one depth: its costs at 0 cells are charged at every depth. The Zen 4 tables were
 # measured on that machine kind (t(1) 26.6-28.4 ms and v(64) 24.3-27.9 at 0 cells on three of them, the
-# reconstruction's 28.6 and 23.5) at three depths, and on every one of them a batch grows less with the
-# depth than a single pass does (README, *The replay harness*: the same answers without their deeper
-# tables lose copy-hints-difflib on five of the six AVX-512 EPYC tables).
+# reconstruction's 28.6 and 23.5) at three depths, and on every one of them a 64-row batch grows less with
+# the depth than a single pass does (README, *The replay harness*: without their deeper tables five of the
+# six AVX-512 EPYC tables lose copy-hints-difflib too).
 ZEN4_TABLES = ("amd-epyc-zen4-avx512", "amd-epyc-zen4b-avx512", "amd-epyc-zen4c-avx512", "amd-epyc-zen4d-avx512")
 
 
