@@ -125,14 +125,13 @@ class BenchResult:
                 if c is None:
                     continue
                 d = {k: rounded(v) for k, v in c.__dict__.items()}
-                mine = [r for r in self.runs if r.prompt_id == p.id and r.mode == m]
+                d["runs"] = [self._run_json(r) for r in self.runs if r.prompt_id == p.id and r.mode == m]
                 # as for groups, a speedup is taken within one repeat: over repeats minutes apart the
                 # machine's speed moves under both modes alike, and a ratio of the two medians (runs of
                 # different repeats) carries that drift
-                paired = [x for x in map(self._paired_speedup, mine) if x is not None]
+                paired = [r["speedup"] for r in d["runs"] if r["speedup"] is not None]
                 d["speedup"] = rounded(median(paired) if paired else
                                        speedup(c.tokens_per_s, base.tokens_per_s if base else None))
-                d["runs"] = [self._run_json(r) for r in mine]
                 runs[m] = d
             prompt_tokens = next((r.stats.prompt_tokens for r in self.runs if r.prompt_id == p.id), None)
             per_prompt.append({"id": p.id, "category": p.category, "prompt_tokens": prompt_tokens, "modes": runs})
@@ -169,16 +168,13 @@ class BenchResult:
             out[m] = d
         return out
 
-    def _paired_speedup(self, r: Run) -> float | None:
-        """The run's speedup over plain decoding of the same prompt in the same repeat (None without one)."""
-        base = next((b for b in self.runs if b.prompt_id == r.prompt_id and b.mode == Mode.OFF and b.repeat == r.repeat), None)
-        return speedup(r.stats.tokens_per_s, base.stats.tokens_per_s if base else None)
-
     def _run_json(self, r: Run) -> dict:
+        base = next((b for b in self.runs if b.prompt_id == r.prompt_id and b.mode == Mode.OFF and b.repeat == r.repeat), None)
         s = r.stats
         return {
             "repeat": r.repeat, "tokens": s.tokens, "tokens_per_s": rounded(s.tokens_per_s),
-            "speedup": rounded(self._paired_speedup(r)),
+            # against plain decoding of the same prompt in the same repeat
+            "speedup": rounded(speedup(s.tokens_per_s, base.stats.tokens_per_s if base else None)),
             "ttft_ms": rounded(r.ttft_ms), "latency_p50_ms": rounded(s.latency_p50_ms),
             "latency_p95_ms": rounded(s.latency_p95_ms), "drafted": s.drafted, "accepted": s.accepted,
             "rounds": s.rounds, "profile_stale": r.profile_stale,
