@@ -12,7 +12,6 @@ Pure: no llama_cpp, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cache
 from typing import Protocol, Sequence, Union
 
 from .costs import CostModel
@@ -240,6 +239,7 @@ class Controller:
         self.learn_timing = learn_timing
         self.margin = margin
         self.priors = dict(priors or {})
+        self._ks: dict[tuple, list[int]] = {}  # _lengths's answers
         self.acceptance: dict[Key, Acceptance] = {}
         self.pooled: dict[str, Acceptance] = {}  # per drafter, all its states together (see capped_alpha)
         # Timing learnt online; checked against the profile's typical t(k, depth) when the cost model
@@ -308,9 +308,15 @@ class Controller:
         with_prompts = (*load.prompt_rows, *load.seq_rows)
         plain = batch_cost(self.cost, (*with_prompts, 1), depth, load.streams)
 
-        @cache  # the risk limit and the rate read the same figure: each k costed once a round
+        costed: dict[int, float] = {}  # the risk limit and the rate read the same figure: each k costed once
+
         def added(k: int) -> float:  # what a k-token draft's rows add to this pass
-            return batch_cost(self.cost, (*with_prompts, k + 1), depth, load.streams) - plain
+            got = costed.get(k)
+            if got is None:
+                rows = k + 1
+                got = costed[k] = (self.cost.v(rows, depth) if not with_prompts else
+                                   batch_cost(self.cost, (*with_prompts, rows), depth, load.streams)) - plain
+            return got
 
         def rate(tokens: float, k: int) -> float:
             return (others + tokens) / (decoding + k * draft_cost + added(k)) / base
@@ -319,7 +325,7 @@ class Controller:
         # A forced mode with a short proposal still uses what it has.
         lo = self.k_min if self.allow_off else min(self.k_min, max(hi, 1))
         # the measured batch sizes (drafts + 1) are where the cost staircase steps: always compared
-        ks = sorted(set(candidate_ks(lo, hi)) | {m - 1 for m in self.cost.sizes() if lo <= m - 1 <= hi})
+        ks = self._lengths(lo, hi)
         gain = None
         rates = self._rates(path, hi) if path is not None else None
         guessed = confidence is not None and any(c < 1.0 for c in confidence[:hi])
@@ -342,7 +348,14 @@ class Controller:
         if history is not None:
             allowed = RISK_BASE + RISK_PER_RUN * history.earned
             ks = [k for k in ks if k * draft_cost + added(k) <= allowed] or ([] if self.allow_off else ks[:1])
+        # A lone sequence's k rows add v(k + 1) - 1 >= 0 passes and a draft's tokens grow with k, so once
+        # the longest draft's tokens over the drafting time of k tokens (and one pass) cannot beat what
+        # must be beaten, no longer draft can: a dear draft model's long lengths are never costed.
+        lone = bool(ks) and self.allow_off and not (with_prompts or others or spent)
+        most = (expected_tokens(alpha, ks[-1]) if gain is None else gain[ks[-1]]) if lone else 0.0
         for k in ks:
+            if lone and most / (1.0 + k * draft_cost) < max(best.expected_speedup, 1.0 + self.margin):
+                break
             tokens = expected_tokens(alpha, k) if gain is None else gain[k]
             s = rate(tokens, k) if k > 0 else 1.0
             if s > best.expected_speedup or (not self.allow_off and best.k == 0):
@@ -353,6 +366,17 @@ class Controller:
                 and self.timing.wants_single):
             return Choice(0, 1.0)  # a close call: a single pass anchors live timing (timing.SHAPE_ANCHOR)
         return best
+
+    def _lengths(self, lo: int, hi: int) -> list[int]:
+        """The draft lengths a round compares: candidate_ks, and one less than every measured batch
+        size (where the cost staircase steps). The same few (lo, hi) come every round: kept, for as
+        long as the sizes the costs know stay the same (live timing without a profile adds some)."""
+        cost = self.cost
+        key = (lo, hi, id(cost.verify), len(cost.verify), id(cost.deeper), len(cost.deeper))
+        got = self._ks.get(key)
+        if got is None:
+            got = self._ks[key] = sorted(set(candidate_ks(lo, hi)) | {m - 1 for m in cost.sizes() if lo <= m - 1 <= hi})
+        return got
 
     def _rates(self, path: Sequence[tuple[Key, int]], n: int) -> list[float]:
         """Per drafted token (the first n), the acceptance rate of the state it would be drafted in."""

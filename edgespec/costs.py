@@ -94,13 +94,15 @@ class CostModel:
     # (README, *How it works*): checked against the fastest alone, a profile measured minutes
     # before was called stale (measure.typical_factor; 1.0: a profile saved before it was measured).
     typical: float = 1.0
-    # v(k) before live timing's correction, at the depth last asked (one round's candidate lengths are
-    # all costed at that round's depth, by each choice the round makes). Only for depth tables: they
-    # come from a profile and are never rewritten (live timing rewrites `verify` only without one).
+    # v(k) before live timing's correction, and t(1) in ms, at the depth last asked (one round's
+    # candidate lengths are all costed at that round's depth, by each choice the round makes). Only for
+    # depth tables: they come from a profile and are never rewritten (live timing rewrites `verify`
+    # only without one).
     # Not locked: one thread decodes (the server's too: scheduler's edgespec-generate thread).
     _at_depth: int | None = field(default=None, init=False, repr=False, compare=False)
     _at: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     _around_at: tuple[int, int | None, int] = field(default=(0, None, 0), init=False, repr=False, compare=False)
+    _t1_at: float = field(default=1.0, init=False, repr=False, compare=False)
     _table0: DepthCosts | None = field(default=None, init=False, repr=False, compare=False)
 
     # ---- answers ------------------------------------------------------------------------------
@@ -115,11 +117,12 @@ class CostModel:
             base = staircase(self.verify, k, self.slope)
         else:
             if depth != self._at_depth:
-                self._at_depth, self._at, self._around_at = depth, {}, self._around(depth)
+                around = self._around(depth)
+                self._at_depth, self._at, self._around_at = depth, {}, around
+                self._t1_at = self._t_ms(1, depth, around)
             base = self._at.get(k)
             if base is None:
-                around = self._around_at
-                base = self._at[k] = self._t_ms(k, depth, around) / self._t_ms(1, depth, around)
+                base = self._at[k] = self._t_ms(k, depth, self._around_at) / self._t1_at
         return max(1.0, base * self.shape_factor(k))
 
     def shape_factor(self, k: int) -> float:

@@ -169,7 +169,7 @@ def test_result_summary_per_category_and_json_shape():
                               "differences": []}
     assert row["runs"] == [{"repeat": 0, "tokens": 10, "tokens_per_s": 40.0, "speedup": 2.0, "ttft_ms": 100.0,
                             "latency_p50_ms": 50.0, "latency_p95_ms": 80.0, "drafted": 10, "accepted": 5,
-                            "rounds": 5, "profile_stale": False}]
+                            "rounds": 5, "profile_stale": False, "loop_ms_per_token": 25.0}]
 
 
 # ---- verification -----------------------------------------------------------------------------
@@ -448,6 +448,19 @@ def test_a_prompts_speedup_is_taken_within_each_repeat_not_across_a_drifting_mac
     paired = sorted(a / o for o, a in zip(off, auto))
     assert cell["speedup"] == pytest.approx(paired[3], abs=1e-4) and cell["speedup"] > 0.99
     assert cell["tokens_per_s"] / res.cell("a", "off").tokens_per_s < 0.91  # the ratio of medians it replaced
+
+
+def test_a_runs_loop_time_is_its_time_outside_the_targets_passes():
+    # both modes ran the same 100 single passes (auto drafted nothing): their tok/s differ by what the
+    # machine did, their loop time by what auto's drafting and choosing cost
+    from dataclasses import replace
+
+    res = BenchResult(modes=["off", "auto"], prompts=[BenchPrompt("a", "free", "x")])
+    res.runs += [run("a", "off", replace(stats(tokens=100, tps=25.0), verify_ms=3980.0)),
+                 run("a", "auto", replace(stats(tokens=100, tps=26.0, mode="auto"), verify_ms=3800.0))]
+    runs = {m: c["runs"][0] for m, c in json.loads(json.dumps(res.to_json()))["prompts"][0]["modes"].items()}
+    assert runs["off"]["loop_ms_per_token"] == pytest.approx(0.2)
+    assert runs["auto"]["loop_ms_per_token"] == pytest.approx((100 / 26.0 * 1000 - 3800.0) / 100, abs=1e-4)
 
 
 # ---- verify with fast kernels: divergences judged by the plain run's margin ------------------

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edgespec.controller import DRAFT_MARGIN, POOL_MARGIN, Acceptance, Controller, expected_tokens, speedup
 from edgespec.costs import CostModel
@@ -207,3 +209,37 @@ def test_a_copy_bets_no_more_than_its_run_has_earned():
     assert resumed.k > fresh.k and dear.v(fresh.k + 1) - 1 <= RISK_BASE + RISK_PER_RUN < dear.v(resumed.k + 1) - 1
     # the limit is a copy's: a drafter without a run (the draft model) is judged on its rates alone
     assert choice(19, key="draft").k == 63
+
+
+# A lone round's draft lengths past the point where even the longest draft's tokens over the drafting
+# time could not beat the best so far are not costed (Controller.choose): the choice must be the one
+# costing every length would make, on any costs, including batch costs that are not monotone in k.
+@given(alpha=st.floats(0.0, 0.999), c=st.floats(0.0, 1.5), k_cap=st.integers(1, 63), depth=st.integers(0, 3000),
+       rows=st.lists(st.floats(1.0, 40.0), min_size=6, max_size=6), grow=st.floats(1.0, 2.5),
+       confidence=st.one_of(st.none(), st.lists(st.sampled_from([1.0, 1.0, 0.7, 0.3]), min_size=1, max_size=63)))
+def test_a_choice_skips_only_lengths_that_could_not_win(alpha, c, k_cap, depth, rows, grow, confidence):
+    sizes = (2, 4, 8, 16, 32, 64)
+    t0 = {1: 30.0, **{k: 30.0 * v for k, v in zip(sizes, rows)}}
+    cost = CostModel.from_ms({0: t0, 2048: {k: t * (grow if k == 1 else 1.0 + (grow - 1.0) / 2) for k, t in t0.items()}})
+    ctl = Controller(cost, k_max=63, learn_timing=False, priors={"draft": alpha})
+    got = ctl.choose("draft", c, k_cap, depth=depth, confidence=confidence)
+
+    hi = min(63, k_cap)
+    gain, held, sure = [1.0], 1.0, 1.0
+    for i in range(hi):
+        held *= alpha
+        sure *= confidence[i] if confidence is not None and i < len(confidence) else 1.0
+        gain.append(gain[-1] + held * sure)
+    ks = set(ctl._lengths(1, hi))
+    if confidence is not None and any(x < 1.0 for x in confidence[:hi]):
+        ks |= {i for i, x in enumerate(confidence[:hi]) if x < 1.0 and i >= 1}
+    else:
+        gain = [expected_tokens(alpha, k) for k in range(hi + 1)]
+    best_k, best = 0, 1.0
+    for k in sorted(ks):
+        rate = gain[k] / (1.0 + k * c + (cost.v(k + 1, depth) - 1.0))
+        if rate > best:
+            best_k, best = k, rate
+    if best < 1.0 + DRAFT_MARGIN:
+        best_k, best = 0, 1.0
+    assert (got.k, got.expected_speedup) == (best_k, pytest.approx(best))
