@@ -44,6 +44,9 @@ class GenerationStats:
     k_history: list[int] = field(default_factory=list)
     tokens_by_source: dict[str, int] = field(default_factory=dict)
     finish_reason: str | None = None
+    # the generation's time outside the target's passes: drafting, choosing a length, the loop and its
+    # stream (where a mode drafts nothing, all it adds to plain decoding, without the passes' noise)
+    loop_ms: float = 0.0
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -77,6 +80,9 @@ def summarize(st: LoopStats, mode: str, n_tokens: int, finish_reason: str | None
     end = st.token_times[-1] if st.token_times else time.perf_counter()
     gen_start = st.start + st.prompt_s
     gen_s = max(end - gen_start, 1e-9)
+    verify_s = sum(r.verify_s for r in rounds)
+    # a last round that found only the end of the answer ran after its last token, outside gen_s
+    after_end = rounds[-1].verify_s if rounds and st.finish_reason == "stop" and rounds[-1].accepted == 0 else 0.0
     # Tokens accepted together arrive together: spread each round's time over its tokens.
     latencies = []
     prev = gen_start
@@ -105,7 +111,7 @@ def summarize(st: LoopStats, mode: str, n_tokens: int, finish_reason: str | None
         # the pass that produced the end-of-answer token produced output too, though it is not text
         mean_accepted_per_pass=(n_tokens + (st.finish_reason == "stop")) / len(rounds) if rounds else 0.0,
         draft_ms=sum(r.draft_s for r in rounds) * 1000,
-        verify_ms=sum(r.verify_s for r in rounds) * 1000,
+        verify_ms=verify_s * 1000,
         gen_s=gen_s,
         tokens_per_s=n_tokens / gen_s if n_tokens else 0.0,
         ttft_ms=((first - st.start) * 1000) if first else 0.0,
@@ -114,6 +120,7 @@ def summarize(st: LoopStats, mode: str, n_tokens: int, finish_reason: str | None
         k_history=[r.k for r in rounds],
         tokens_by_source=dict(Counter(st.sources)),
         finish_reason=finish_reason,
+        loop_ms=(gen_s - (verify_s - after_end)) * 1000 if n_tokens else 0.0,
     )
 
 

@@ -178,10 +178,7 @@ class BenchResult:
             "ttft_ms": rounded(r.ttft_ms), "latency_p50_ms": rounded(s.latency_p50_ms),
             "latency_p95_ms": rounded(s.latency_p95_ms), "drafted": s.drafted, "accepted": s.accepted,
             "rounds": s.rounds, "profile_stale": r.profile_stale,
-            # time per token outside the target's passes (drafting, choosing a length, the loop and its
-            # stream): where a mode drafts nothing its passes are plain decoding's, and this is all it
-            # adds, measured without the passes' run-to-run noise
-            "loop_ms_per_token": rounded((s.gen_s * 1000 - s.verify_ms) / s.tokens) if s.tokens else None,
+            "loop_ms_per_token": rounded(s.loop_ms / s.tokens) if s.tokens else None,  # GenerationStats.loop_ms
         }
 
 

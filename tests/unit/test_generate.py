@@ -242,3 +242,31 @@ def test_eos_the_draft_model_proposes_ends_text_there():
     assert "draft" in {s for c in items[:-1] for s in c.sources}
     for m in (target, draft):
         assert m.tokens == (prompt + expected)[: len(m.tokens)]
+
+
+# ---- the loop's own time -------------------------------------------------------------------------
+@pytest.mark.parametrize(("mode", "budget"), [("off", 12), ("off", 5), ("ngram", 12)])
+def test_loop_time_is_the_generations_time_outside_the_targets_passes(mode, budget):
+    # a clock that moves only in the target's passes: everything else the loop does takes no time, so
+    # the loop's time is none, whether the answer ended at its end token (a last pass that emitted
+    # nothing, after the last token) or at the budget
+    from edgespec.drafters import NgramDrafter
+    from edgespec.generate import summarize
+    from edgespec.replay import EOS as END, ScriptedClock, TimedTarget
+    from edgespec.speculative import Mode
+
+    answer = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, END]  # repeats itself: the n-gram drafter has drafts to make
+    clock = ScriptedClock()
+    target = TimedTarget([1, 2, 5, 6, 7, 8, 3], answer, 10, clock=clock, noise=0.0, seed=0,
+                         charge=CostModel.from_ms({0: {1: 40.0, 2: 48.0, 4: 55.0, 8: 70.0, 16: 110.0}}))
+    ctl = Controller(CostModel(verify={2: 1.2, 4: 1.4, 8: 1.75, 16: 2.75}), k_max=8, priors={"ngram": 0.9})
+    dec = SpeculativeDecoder(target, SamplingConfig(), ctl, SpecSettings(mode=Mode(mode), draft_max=8),
+                             ngram=NgramDrafter(1, 3), clock=clock)
+    tokens = [e.token for e in dec.generate([1, 2, 5, 6, 7, 8, 3], budget)]
+    assert tokens == answer[:min(budget, 10)]
+    stats = summarize(dec.stats, mode, len(tokens), dec.stats.finish_reason)
+    assert stats.loop_ms == pytest.approx(0.0, abs=1e-6)
+    assert (stats.drafted > 0) == (mode == "ngram")
+    # the pass that found the end is in the passes' time but after the last token
+    after = 40.0 if budget > len(tokens) and stats.rounds and dec.stats.rounds[-1].accepted == 0 else 0.0
+    assert stats.verify_ms == pytest.approx(stats.gen_s * 1000 + after)
