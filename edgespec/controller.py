@@ -370,9 +370,10 @@ class Controller:
     def _lengths(self, lo: int, hi: int) -> list[int]:
         """The draft lengths a round compares: candidate_ks, and one less than every measured batch
         size (where the cost staircase steps). The same few (lo, hi) come every round: kept, for as
-        long as the sizes the costs know stay the same (live timing without a profile adds some)."""
+        long as the sizes the costs know stay the same (live timing without a profile adds some; a
+        depth's table is never rewritten)."""
         cost = self.cost
-        key = (lo, hi, id(cost.verify), len(cost.verify), id(cost.deeper), len(cost.deeper))
+        key = (lo, hi, tuple(cost.verify), tuple(cost.deeper))
         got = self._ks.get(key)
         if got is None:
             got = self._ks[key] = sorted(set(candidate_ks(lo, hi)) | {m - 1 for m in cost.sizes() if lo <= m - 1 <= hi})
