@@ -313,9 +313,7 @@ class Controller:
         def added(k: int) -> float:  # what a k-token draft's rows add to this pass
             got = costed.get(k)
             if got is None:
-                rows = k + 1
-                got = costed[k] = (self.cost.v(rows, depth) if not with_prompts else
-                                   batch_cost(self.cost, (*with_prompts, rows), depth, load.streams)) - plain
+                got = costed[k] = batch_cost(self.cost, (*with_prompts, k + 1), depth, load.streams) - plain
             return got
 
         def rate(tokens: float, k: int) -> float:
